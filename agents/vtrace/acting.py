@@ -1,0 +1,61 @@
+"""V-trace's server-side policy: one batched forward pass, sampled (or greedy) actions.
+
+Runs on the central node inside the inference server's batching thread. The network's
+variables are the learner's own (same process, same objects): inference always uses the
+latest parameters and nothing is copied over the network.
+"""
+
+from typing import Any
+
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+import tree
+
+from seedacme.envs.registry import EnvSpec
+from seedacme.policy import PolicyStep, ServerPolicy
+
+Nest = Any
+
+
+def default_device() -> str:
+  """The accelerator for inference if there is one, else the CPU."""
+  for kind in ('TPU', 'GPU'):
+    if tf.config.list_logical_devices(kind):
+      return f'/{kind}:0'
+  return '/CPU:0'
+
+
+class VTracePolicy(ServerPolicy):
+  """Samples from the policy network's logits; greedy envs take the argmax."""
+
+  def __init__(self, network: snt.Module, spec: EnvSpec, seed: int = 0,
+               device: str = ''):
+    self._network = network
+    self._spec = spec
+    self._device = device or default_device()
+    self._rng = tf.random.Generator.from_seed(seed)
+    self._step = tf.function(self._step_graph, experimental_relax_shapes=True)
+
+  def initial_state(self, batch_size: int) -> Nest:
+    return tree.map_structure(lambda x: x.numpy(), self._network.initial_state(batch_size))
+
+  def _step_graph(self, observation, state, greedy):
+    with tf.device(self._device):
+      (logits, _), next_state = self._network(observation, state)
+      sampled = tf.squeeze(self._rng_categorical(logits), axis=-1)
+      action = tf.where(greedy, tf.argmax(logits, axis=-1, output_type=tf.int32), sampled)
+    return action, logits, next_state
+
+  def _rng_categorical(self, logits):
+    # Gumbel-max with a stateful generator: reproducible given the seed.
+    u = self._rng.uniform(tf.shape(logits), minval=1e-20, maxval=1.0)
+    return tf.argmax(logits - tf.math.log(-tf.math.log(u)), axis=-1,
+                     output_type=tf.int32)[:, None]
+
+  def step(self, observation: np.ndarray, state: Nest, greedy: np.ndarray) -> PolicyStep:
+    action, logits, next_state = self._step(
+        tf.constant(observation), tree.map_structure(tf.constant, state),
+        tf.constant(greedy, tf.bool))
+    return PolicyStep(action=action.numpy(), extras={'logits': logits.numpy()},
+                      state=tree.map_structure(lambda x: x.numpy(), next_state))

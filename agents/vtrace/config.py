@@ -1,0 +1,44 @@
+"""Hyperparameters of the V-trace agent (one dataclass; flags live in launchers)."""
+
+import dataclasses
+from typing import Optional, Tuple
+
+
+@dataclasses.dataclass
+class VTraceConfig:
+  """V-trace / IMPALA settings.
+
+  Attributes:
+    unroll_length: T, transitions per unroll; unrolls hold T + 1 steps (bootstrap).
+    batch_size: unrolls per learner step.
+    network: 'mlp' (feed-forward) or 'lstm'.
+    hidden_sizes: MLP torso layer sizes.
+    lstm_size: LSTM core size (network='lstm').
+    learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
+    discount: gamma.
+    baseline_cost: weight of 0.5 * (vs - V)^2.
+    entropy_cost: weight of the entropy bonus.
+    clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold: V-trace truncation.
+    reward_clip: clip rewards to [-reward_clip, reward_clip] in the loss (Atari: 1.0).
+    reward_scale: multiply rewards by this in the loss (after clipping).
+    queue_size: Reverb queue capacity in unrolls; a full queue blocks inference, which
+      bounds policy lag and memory.
+  """
+  unroll_length: int = 20
+  batch_size: int = 32
+  network: str = 'mlp'
+  hidden_sizes: Tuple[int, ...] = (64, 64)
+  lstm_size: int = 64
+  learning_rate: float = 1e-3
+  adam_epsilon: float = 1e-7
+  max_gradient_norm: Optional[float] = 40.0
+  discount: float = 0.99
+  baseline_cost: float = 0.5
+  entropy_cost: float = 0.01
+  clip_rho_threshold: float = 1.0
+  clip_pg_rho_threshold: float = 1.0
+  clip_c_threshold: float = 1.0
+  reward_clip: Optional[float] = None
+  reward_scale: float = 1.0
+  queue_size: int = 256
+  seed: int = 0

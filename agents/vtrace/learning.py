@@ -1,0 +1,96 @@
+"""The V-trace learner step: unrolls from the Reverb queue -> V-trace loss -> Adam."""
+
+from typing import Dict, Optional
+
+import dm_env
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+
+from seedacme.agents.vtrace import losses
+from seedacme.agents.vtrace.config import VTraceConfig
+from seedacme.builder import Learner
+from seedacme.datasets import ReverbBatches
+
+_FIRST = int(dm_env.StepType.FIRST)
+_LAST = int(dm_env.StepType.LAST)
+
+
+def _time_major(x: tf.Tensor) -> tf.Tensor:
+  perm = [1, 0] + list(range(2, x.shape.rank))
+  return tf.transpose(x, perm)
+
+
+def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
+                config: VTraceConfig):
+  """Loss of a batch of unrolls (batch-major `[B, T+1, ...]`, as stored in Reverb).
+
+  Step t of an unroll holds x_t, the reward and discount that arrived with x_t, its
+  step type, the action taken at x_t and the behaviour logits. Transition t is
+  (x_t, a_t) -> x_{t+1}: its reward and discount are those stored at t + 1, and it does
+  not exist when x_t is an episode's LAST step (the next step starts a new episode).
+  """
+  observation = _time_major(batch['observation'])
+  step_type = _time_major(batch['step_type'])
+  reward = tf.cast(_time_major(batch['reward']), tf.float32)
+  discount = tf.cast(_time_major(batch['discount']), tf.float32)
+  action = _time_major(batch['action'])
+  behaviour_logits = _time_major(batch['logits'])
+  initial_state = batch.get('initial_state', ())
+
+  logits, values = network.unroll(observation, tf.equal(step_type, _FIRST), initial_state)
+
+  rewards = reward[1:]
+  if config.reward_clip is not None:
+    rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
+  rewards = rewards * config.reward_scale
+  mask = tf.cast(tf.not_equal(step_type[:-1], _LAST), tf.float32)
+  return losses.vtrace_loss(
+      target_logits=logits[:-1], behaviour_logits=behaviour_logits[:-1],
+      actions=action[:-1], rewards=rewards, discounts=config.discount * discount[1:],
+      values=values[:-1], bootstrap_value=values[-1], mask=mask,
+      baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
+      clip_rho_threshold=config.clip_rho_threshold,
+      clip_pg_rho_threshold=config.clip_pg_rho_threshold,
+      clip_c_threshold=config.clip_c_threshold)
+
+
+class VTraceLearner(Learner):
+  """SGD on V-trace unrolls; shares `network` with the inference server."""
+
+  def __init__(self, network: snt.Module, config: VTraceConfig,
+               batches: Optional[ReverbBatches]):
+    self._network = network
+    self._config = config
+    self._batches = batches
+    self._optimizer = snt.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
+    self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._train = tf.function(self._train_step, experimental_relax_shapes=True)
+
+  @property
+  def optimizer(self) -> snt.Optimizer:
+    return self._optimizer
+
+  def _train_step(self, batch):
+    with tf.GradientTape() as tape:
+      loss, metrics = unroll_loss(self._network, batch, self._config)
+    variables = self._network.trainable_variables
+    grads = tape.gradient(loss, variables)
+    if self._config.max_gradient_norm:
+      grads, norm = tf.clip_by_global_norm(grads, self._config.max_gradient_norm)
+    else:
+      norm = tf.linalg.global_norm(grads)
+    self._optimizer.apply(grads, variables)
+    self.num_steps.assign_add(1)
+    metrics['grad_norm'] = norm
+    return metrics
+
+  def train_on(self, batch) -> Dict[str, float]:
+    """One SGD step on a given batch (used by `step` and by tests)."""
+    return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}
+
+  def step(self) -> Optional[Dict[str, float]]:
+    batch = self._batches.next()
+    if batch is None:
+      return None
+    return self.train_on(batch)

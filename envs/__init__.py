@@ -1,0 +1,14 @@
+"""Environments for seedacme actors.
+
+Everything here is importable without TensorFlow: actor processes import this package
+and nothing that holds a model. An *environment factory* is a picklable callable
+`factory(seed: int) -> dm_env.Environment`; actors build their K envs from it.
+
+    from seedacme import envs
+    factory = envs.make_factory('catch')
+    env = factory(seed=0)
+"""
+
+from seedacme.envs.registry import EnvSpec, make_factory, env_spec_of, ENV_NAMES
+
+__all__ = ['EnvSpec', 'make_factory', 'env_spec_of', 'ENV_NAMES']

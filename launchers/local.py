@@ -1,0 +1,145 @@
+"""`run_local <env> <agent> <num_actors> [envs_per_actor]`: a SEED program on this machine.
+
+In the spirit of seed_rl's `run_local.sh`: builds the Launchpad program, launches every
+node as a local process (`local_mp`), shows one progress line per record the central
+node writes, and prints a final summary when the budget is reached. Ctrl-C stops every
+node cleanly. All node logs go to `<logdir>/nodes/`, progress to
+`<logdir>/progress.jsonl`, TensorBoard events to `<logdir>/tensorboard/`.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+from typing import List, Optional
+
+import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
+from seedacme import envs
+from seedacme.agents import registry as agents
+from seedacme.config import ProgramConfig
+from seedacme.progress import format_line
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog='run_local', description=__doc__.split('\n')[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument('env', choices=envs.ENV_NAMES)
+  parser.add_argument('agent', choices=agents.AGENT_NAMES)
+  parser.add_argument('num_actors', type=int)
+  parser.add_argument('envs_per_actor', type=int, nargs='?', default=16)
+  parser.add_argument('--max_seconds', type=float, default=120.0,
+                      help='stop after this long (0: no limit)')
+  parser.add_argument('--max_learner_steps', type=int, default=0, help='0: no limit')
+  parser.add_argument('--max_env_steps', type=int, default=0, help='0: no limit')
+  parser.add_argument('--target_return', type=float, default=None,
+                      help='stop once the average training return reaches this')
+  parser.add_argument('--num_eval_envs', type=int, default=4)
+  parser.add_argument('--inference_timeout_ms', type=float, default=2.0)
+  parser.add_argument('--logdir', default=None,
+                      help='default: ./runs/<env>_<agent>_<time>')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--progress_interval_s', type=float, default=5.0)
+  return parser.parse_args(argv)
+
+
+def _tail_progress(path: str, offset: int):
+  """New complete JSON lines of `path` after byte `offset`."""
+  if not os.path.exists(path):
+    return [], offset
+  with open(path) as f:
+    f.seek(offset)
+    data = f.read()
+  end = data.rfind('\n') + 1
+  records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+  return records, offset + end
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  args = parse_args(argv)
+  logdir = os.path.abspath(args.logdir or os.path.join(
+      'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
+  os.makedirs(os.path.join(logdir, 'nodes'), exist_ok=True)
+  os.environ['LAUNCHPAD_LOGGING_DIR'] = os.path.join(logdir, 'nodes')
+  os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+
+  factory = envs.make_factory(args.env)
+  probe = factory(args.seed)
+  spec = envs.env_spec_of(probe)
+  probe.close() if hasattr(probe, 'close') else None
+  builder = agents.make_builder(args.agent, args.env)
+  config = ProgramConfig(
+      num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
+      num_eval_envs=args.num_eval_envs, inference_timeout_ms=args.inference_timeout_ms,
+      max_seconds=args.max_seconds or None,
+      max_learner_steps=args.max_learner_steps or None,
+      max_env_steps=args.max_env_steps or None, target_return=args.target_return,
+      logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed)
+  for path in ('progress.jsonl', 'summary.json'):
+    if os.path.exists(os.path.join(logdir, path)):
+      os.remove(os.path.join(logdir, path))
+
+  print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
+        f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs; '
+        f'logdir {logdir}', flush=True)
+  program = program_lib.make_program(
+      builder, factory, spec, config,
+      stop_program=lp.make_program_stopper(lp.LaunchType.LOCAL_MULTI_PROCESSING),
+      name=f'seedacme_{args.env}_{args.agent}')
+  manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
+                      terminal='output_to_files',
+                      local_resources=program_lib.local_resources(program))
+
+  failure: List[BaseException] = []
+
+  def wait():
+    try:
+      manager.wait()
+    except BaseException as e:  # pylint: disable=broad-except
+      failure.append(e)
+
+  waiter = threading.Thread(target=wait, daemon=True)
+  waiter.start()
+  progress_path = os.path.join(logdir, 'progress.jsonl')
+  offset = 0
+  while waiter.is_alive():
+    waiter.join(0.5)
+    records, offset = _tail_progress(progress_path, offset)
+    for record in records:
+      print(format_line(record), flush=True)
+
+  summary_path = os.path.join(logdir, 'summary.json')
+  if failure:
+    print(f'seedacme: a node failed: {failure[0]}; node logs in {logdir}/nodes',
+          file=sys.stderr)
+    return 1
+  if not os.path.exists(summary_path):
+    print(f'seedacme: the program ended without a summary; node logs in {logdir}/nodes',
+          file=sys.stderr)
+    return 1
+  with open(summary_path) as f:
+    summary = json.load(f)
+  print(f"seedacme: done ({summary['stopped_because']}) after "
+        f"{summary['elapsed_s']:.0f}s: {summary['env_steps']:,} env steps, "
+        f"{summary['episodes']} episodes, {summary['learner_steps']} learner steps")
+  ret = summary.get('average_return')
+  eval_ret = summary.get('eval_average_return')
+  print(f'seedacme: final average return {ret if ret is None else round(ret, 3)} '
+        f'(training, last 100 episodes); greedy evaluator '
+        f'{eval_ret if eval_ret is None else round(eval_ret, 3)}', flush=True)
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point."""
+  sys.exit(main())
+
+
+if __name__ == '__main__':
+  run()

@@ -1,0 +1,58 @@
+"""seedacme: SEED RL's central-inference architecture on Acme, Reverb and Launchpad.
+
+Importing this package is cheap and quiet: it imports neither TensorFlow nor gym.
+It sets the log-level environment variables TensorFlow reads at import time, so the
+first TF import anywhere in the process does not flood the console.
+
+Import paths. The repository keeps the product's top-level layout (`seedacme/`,
+`agents/`, `envs/`, `launchers/`), but only one name is ever put on `sys.path`:
+`seedacme`. The other three are its subpackages:
+
+    seedacme.agents.vtrace      <- agents/vtrace/
+    seedacme.envs               <- envs/
+    seedacme.launchers.local    <- launchers/local.py
+
+A wheel (`pip install .`) physically places them under `seedacme/` (setuptools
+`package_dir`). In a source tree (editable install, Bazel runfiles, running from the
+checkout) the `_SourceTreeFinder` below maps the three names onto the sibling
+directories, so both ways give identical module names.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
+
+__version__ = '0.1.0'
+
+_MAPPED_SUBPACKAGES = ('agents', 'envs', 'launchers')
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE_ROOT = os.path.dirname(_HERE)
+
+
+class _SourceTreeFinder(importlib.abc.MetaPathFinder):
+  """Resolves `seedacme.{agents,envs,launchers}` to the repository's top-level dirs."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    del path, target
+    prefix, _, name = fullname.partition('.')
+    if prefix != __name__ or name not in _MAPPED_SUBPACKAGES:
+      return None
+    init = os.path.join(_SOURCE_ROOT, name, '__init__.py')
+    if not os.path.isfile(init):
+      return None
+    return importlib.util.spec_from_file_location(
+        fullname, init, submodule_search_locations=[os.path.dirname(init)])
+
+
+def _install_source_tree_finder() -> None:
+  if any(os.path.isdir(os.path.join(_HERE, n)) for n in _MAPPED_SUBPACKAGES):
+    return  # Installed from a wheel: the subpackages are physically here.
+  if not any(isinstance(f, _SourceTreeFinder) for f in sys.meta_path):
+    sys.meta_path.append(_SourceTreeFinder())
+
+
+_install_source_tree_finder()

@@ -1,0 +1,78 @@
+"""The agent contract: what an agent gives the SEED machinery (after Acme's builders).
+
+Acme's `ActorLearnerBuilder` has `make_replay_tables`, `make_dataset_iterator`,
+`make_adder`, `make_actor`, `make_learner`. With SEED's split the actors hold no agent
+code at all, so what Acme's actor and adder did moves to the central node:
+
+    make_replay_tables      -> the Reverb tables (replay node)
+    make_networks           -> the only copy of the variables (central node)
+    make_policy             -> batched server-side action selection (inference server)
+    make_trajectory_sink    -> how served steps become Reverb items (unrolls, sequences)
+    make_learner            -> dataset from Reverb -> loss -> SGD step
+
+`seedacme.program.make_program` assembles any builder into a Launchpad program and
+knows nothing about V-trace or R2D2.
+"""
+
+import abc
+from typing import Any, Dict, List, Optional
+
+from seedacme.envs.registry import EnvSpec
+from seedacme.policy import ServerPolicy
+
+
+class TrajectorySink(abc.ABC):
+  """Receives every training step the server serves; writes trajectories to Reverb."""
+
+  @abc.abstractmethod
+  def add(self, env_ids, step: Dict[str, Any]) -> None:
+    """One step for each env in `env_ids` (leaves `[B, ...]`)."""
+
+  @abc.abstractmethod
+  def reset(self, env_ids) -> None:
+    """Drops the partial trajectories of these envs (their actor restarted)."""
+
+  @abc.abstractmethod
+  def stats(self) -> Dict[str, float]:
+    """Counters for progress output (items written, time blocked, ...)."""
+
+  def close(self) -> None:
+    """Stops background work."""
+
+
+class Learner(abc.ABC):
+  """The training side of the central node."""
+
+  @abc.abstractmethod
+  def step(self) -> Optional[Dict[str, float]]:
+    """One SGD step; returns its metrics, or None if no data arrived in time."""
+
+  def close(self) -> None:
+    """Releases datasets and threads."""
+
+
+class SeedBuilder(abc.ABC):
+  """Everything agent-specific about a SEED program."""
+
+  name: str = 'agent'
+
+  @abc.abstractmethod
+  def make_replay_tables(self, spec: EnvSpec) -> List[Any]:
+    """Reverb tables, built inside the replay node."""
+
+  @abc.abstractmethod
+  def make_networks(self, spec: EnvSpec) -> Any:
+    """Networks with their variables created (central node)."""
+
+  @abc.abstractmethod
+  def make_policy(self, networks: Any, spec: EnvSpec) -> ServerPolicy:
+    """The batched policy the inference server runs."""
+
+  @abc.abstractmethod
+  def make_trajectory_sink(self, replay_client: Any, num_envs: int,
+                           spec: EnvSpec) -> TrajectorySink:
+    """How served steps become Reverb items."""
+
+  @abc.abstractmethod
+  def make_learner(self, networks: Any, replay_client: Any, spec: EnvSpec) -> Learner:
+    """The learner, sharing `networks` (and so the variables) with the policy."""

@@ -1,0 +1,159 @@
+"""The central node: inference server and learner in one process, one set of variables.
+
+Launchpad runs it as a Courier node. Courier handler threads call `step` (inference
+for actors); `run` is the learner loop, which also writes progress and enforces the
+program's budget. Both use the same network objects, so inference always runs the
+latest parameters and no parameters cross the network.
+"""
+
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+from absl import logging
+
+from seedacme.builder import SeedBuilder
+from seedacme.config import ProgramConfig
+from seedacme.envs.registry import EnvSpec
+from seedacme.inference import InferenceServer
+from seedacme.progress import ProgressWriter, format_line
+
+
+def _default_stop_event() -> threading.Event:
+  try:
+    import launchpad as lp  # pylint: disable=g-import-not-at-top
+    return lp.stop_event()
+  except RuntimeError:
+    return threading.Event()
+
+
+class CentralNode:
+  """Batched inference for all actors + the learner (SEED's accelerator host)."""
+
+  def __init__(self, builder: SeedBuilder, spec: EnvSpec, config: ProgramConfig,
+               replay: Any, counter: Any = None,
+               stop_program: Optional[Callable[[], None]] = None,
+               stop_event: Optional[threading.Event] = None):
+    self._builder = builder
+    self._config = config
+    self._replay = replay
+    self._counter = counter
+    self._stop_program = stop_program
+    self._stop = stop_event
+    self._progress = ProgressWriter(config.logdir)
+    self.networks = builder.make_networks(spec)
+    policy = builder.make_policy(self.networks, spec)
+    self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
+    self.server = InferenceServer(
+        policy, spec, config.num_envs, self._sink,
+        max_batch_envs=config.inference_batch_envs or config.num_train_envs,
+        batch_timeout_s=config.inference_timeout_ms / 1e3)
+    self.learner = builder.make_learner(self.networks, replay, spec)
+    self.learner_steps = 0
+    self.last_metrics: Dict[str, float] = {}
+    self.last_record: Dict[str, Any] = {}
+    self._start = time.monotonic()
+    self._last = (self._start, 0, 0)  # time, env steps, learner steps
+    logging.info('Central node ready: %d envs (%d training), batch of %d envs, '
+                 'timeout %.1f ms', config.num_envs, config.num_train_envs,
+                 self.server.max_batch_envs, config.inference_timeout_ms)
+
+  # ---- Courier methods -------------------------------------------------------------
+  def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Inference for one actor's batch of envs (see `seedacme.protocol`)."""
+    return self.server.step(request)
+
+  def progress(self) -> Dict[str, Any]:
+    """The latest progress record."""
+    return dict(self.last_record)
+
+  # ---- learner loop ----------------------------------------------------------------
+  def _replay_size(self) -> Optional[int]:
+    try:
+      info = self._replay.server_info(timeout=1)
+      return int(sum(t.current_size for t in info.values()))
+    except Exception:  # pylint: disable=broad-except
+      return None
+
+  def _record(self) -> Dict[str, Any]:
+    now = time.monotonic()
+    t0, env0, learn0 = self._last
+    dt = max(now - t0, 1e-9)
+    server = self.server
+    train, evaluation = server.episodes.summary(False), server.episodes.summary(True)
+    batch = server.batch_stats(reset=True)
+    record = {
+        'elapsed_s': now - self._start,
+        'env_steps': server.env_steps,
+        'env_steps_per_s': (server.env_steps - env0) / dt,
+        'episodes': train['episodes'],
+        'average_return': train['average_return'],
+        'average_length': train['average_length'],
+        'eval_episodes': evaluation['episodes'],
+        'eval_average_return': evaluation['average_return'],
+        'learner_steps': self.learner_steps,
+        'learner_steps_per_s': (self.learner_steps - learn0) / dt,
+        'replay_size': self._replay_size(),
+        'inference_batches': batch.batches,
+        'batch_fill': batch.mean_batch_units / server.max_batch_envs,
+        'latency_ms': batch.mean_latency_ms,
+        'latency_p99_ms': batch.p99_latency_ms,
+        'actor_restarts': server.actor_restarts,
+        'requests_refused': server.requests_refused,
+    }
+    record.update({f'trajectory_{k}': v for k, v in self._sink.stats().items()})
+    record.update({f'learner_{k}': v for k, v in self.last_metrics.items()})
+    self._last = (now, server.env_steps, self.learner_steps)
+    return record
+
+  def _budget_reached(self, record: Dict[str, Any]) -> Optional[str]:
+    c = self._config
+    if c.max_learner_steps is not None and self.learner_steps >= c.max_learner_steps:
+      return f'reached {c.max_learner_steps} learner steps'
+    if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
+      return f'reached {c.max_env_steps} env steps'
+    if c.max_seconds is not None and record['elapsed_s'] >= c.max_seconds:
+      return f'reached the time budget of {c.max_seconds:.0f}s'
+    if (c.target_return is not None and record['episodes'] >= 100
+        and record['average_return'] >= c.target_return):
+      return f'average return {record["average_return"]:.3f} >= target {c.target_return}'
+    return None
+
+  def run(self) -> None:
+    """Trains until the stop event or the budget; then shuts the program down."""
+    if self._stop is None:
+      self._stop = _default_stop_event()
+    next_progress = time.monotonic() + self._config.progress_interval_s
+    reason = None
+    try:
+      while not self._stop.is_set():
+        metrics = self.learner.step()
+        if metrics is not None:
+          self.learner_steps += 1
+          self.last_metrics = metrics
+        if time.monotonic() >= next_progress or (
+            self._config.max_learner_steps is not None
+            and self.learner_steps >= self._config.max_learner_steps):
+          next_progress = time.monotonic() + self._config.progress_interval_s
+          self.last_record = self._record()
+          self._progress.write(self.last_record)
+          if self._counter is not None:
+            self._counter.futures.increment(learner_steps=0)  # keep the counter warm
+          reason = self._budget_reached(self.last_record)
+          if reason:
+            break
+      if reason and self._stop_program is not None:
+        # Ask the launcher to stop every node; keep serving until our own stop signal
+        # arrives so actors are not left retrying against a closed server.
+        logging.info('Budget reached (%s): stopping the program', reason)
+        self._stop_program()
+        self._stop.wait(60)
+    finally:
+      final = self._record()
+      final['stopped_because'] = reason or 'stop requested'
+      self._progress.write_summary(final)
+      logging.info('Central node stopping (%s): %s', final['stopped_because'],
+                   format_line(final))
+      self.server.close()
+      self._sink.close()
+      self.learner.close()

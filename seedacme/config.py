@@ -1,0 +1,54 @@
+"""Configuration of a SEED program (agent-independent; agents have their own dataclass)."""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass
+class ProgramConfig:
+  """How many actors, how inference batches, when to stop, where to write.
+
+  Attributes:
+    num_actors: env-only actor processes.
+    envs_per_actor: K, envs each actor steps per inference call.
+    num_eval_envs: envs of the greedy evaluator node (0: no evaluator).
+    inference_batch_envs: run the policy once this many envs wait (None: all
+      training envs, i.e. one request from every actor).
+    inference_timeout_ms: ... or this long after the first request of a batch.
+    max_learner_steps, max_env_steps, max_seconds: budget; the program stops itself
+      at the first one reached (None: unlimited).
+    target_return: stop once the average training return over the last 100
+      episodes reaches this (None: never).
+    logdir: progress.jsonl, summary.json, TensorBoard events.
+    progress_interval_s: period of progress records.
+    seed: base seed of envs.
+  """
+  num_actors: int = 2
+  envs_per_actor: int = 16
+  num_eval_envs: int = 4
+  inference_batch_envs: Optional[int] = None
+  inference_timeout_ms: float = 2.0
+  max_learner_steps: Optional[int] = None
+  max_env_steps: Optional[int] = None
+  max_seconds: Optional[float] = 120.0
+  target_return: Optional[float] = None
+  logdir: str = '/tmp/seedacme'
+  progress_interval_s: float = 5.0
+  seed: int = 0
+
+  @property
+  def num_train_envs(self) -> int:
+    return self.num_actors * self.envs_per_actor
+
+  @property
+  def num_envs(self) -> int:
+    """Global env ids: actors' envs first, then the evaluator's."""
+    return self.num_train_envs + self.num_eval_envs
+
+  def validate(self) -> None:
+    if self.num_actors < 1:
+      raise ValueError(f'num_actors must be >= 1, got {self.num_actors}')
+    if self.envs_per_actor < 1:
+      raise ValueError(f'envs_per_actor must be >= 1, got {self.envs_per_actor}')
+    if self.num_eval_envs < 0:
+      raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

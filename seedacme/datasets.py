@@ -1,0 +1,44 @@
+"""Batches of Reverb items for learners, with timeouts so learner loops stay stoppable.
+
+A learner blocked forever inside `next(dataset)` ignores Launchpad's stop signal and
+gets SIGKILLed (see shared/notes/acme-launchpad.md). `ReverbBatches.next()` instead
+returns None when no complete batch arrived within `timeout_ms`, and the caller checks
+its stop event.
+"""
+
+from typing import Any, Optional
+
+import reverb
+import tensorflow as tf
+
+
+class ReverbBatches:
+  """Iterates `[batch_size, ...]` batches of whole items from one Reverb table."""
+
+  def __init__(self, server_address: str, table: str, batch_size: int,
+               timeout_ms: int = 1000, prefetch: int = 1):
+    self._server_address = server_address
+    self._table = table
+    self._batch_size = batch_size
+    self._timeout_ms = timeout_ms
+    self._prefetch = prefetch
+    self._iterator = None
+
+  def _make_iterator(self):
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        server_address=self._server_address, table=self._table,
+        max_in_flight_samples_per_worker=2 * self._batch_size,
+        rate_limiter_timeout_ms=self._timeout_ms)
+    dataset = dataset.map(lambda sample: sample.data)
+    dataset = dataset.batch(self._batch_size, drop_remainder=False)
+    return iter(dataset.prefetch(self._prefetch))
+
+  def next(self) -> Optional[Any]:
+    """The next batch (possibly smaller than batch_size when data ran short) or None."""
+    if self._iterator is None:
+      self._iterator = self._make_iterator()
+    try:
+      return next(self._iterator)
+    except (StopIteration, tf.errors.OutOfRangeError, tf.errors.DeadlineExceededError):
+      self._iterator = None  # Timed out waiting for data; a fresh iterator next time.
+      return None

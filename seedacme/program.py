@@ -1,0 +1,74 @@
+"""Assembles any agent (a `SeedBuilder`) into a Launchpad program.
+
+    replay     Reverb tables from the builder
+    learner    `CentralNode`: inference service (Courier) + learner thread
+    actor x N  `EnvActor`: env-only, K envs each
+    evaluator  `EnvActor(greedy=True)` through the same inference service
+    counter    Acme `Counter`
+
+Nothing here knows which agent it runs or how the program is launched (`launchers/`).
+"""
+
+import functools
+from typing import Callable, Optional
+
+from acme.utils import counting
+import launchpad as lp
+from launchpad.nodes.python import local_multi_processing
+
+from seedacme.actor import EnvActor
+from seedacme.builder import SeedBuilder
+from seedacme.central import CentralNode
+from seedacme.config import ProgramConfig
+from seedacme.envs.registry import EnvFactory, EnvSpec
+
+# Threads each env-only actor process may use for numpy/BLAS: K envs must not fight
+# over the cores the learner needs.
+ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1',
+             'CUDA_VISIBLE_DEVICES': ''}
+
+
+def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
+                 config: ProgramConfig,
+                 stop_program: Optional[Callable[[], None]] = None,
+                 name: str = 'seedacme') -> lp.Program:
+  """Builds the Launchpad program of a SEED agent.
+
+  Args:
+    builder: the agent.
+    env_factory: picklable `factory(seed) -> dm_env.Environment`.
+    spec: the env's spec (observation shape/dtype, number of actions).
+    config: sizes, batching, budget, logdir.
+    stop_program: called by the central node when the budget is reached
+      (`lp.make_program_stopper(launch_type)`, created in the launching process).
+  """
+  config.validate()
+  program = lp.Program(name)
+  with program.group('replay'):
+    replay = program.add_node(lp.ReverbNode(functools.partial(builder.make_replay_tables, spec)))
+  with program.group('counter'):
+    counter = program.add_node(lp.CourierNode(counting.Counter))
+  with program.group('learner'):
+    learner = program.add_node(lp.CourierNode(
+        CentralNode, builder=builder, spec=spec, config=config, replay=replay,
+        counter=counter, stop_program=stop_program,
+        courier_kwargs={'thread_pool_size': config.num_actors + 16}))
+  with program.group('actor'):
+    for i in range(config.num_actors):
+      program.add_node(lp.PyClassNode(
+          EnvActor, inference=learner, env_factory=env_factory, actor_id=i,
+          num_envs=config.envs_per_actor, first_env_id=i * config.envs_per_actor,
+          counter=counter, seed=config.seed + 1000 * i))
+  if config.num_eval_envs:
+    with program.group('evaluator'):
+      program.add_node(lp.PyClassNode(
+          EnvActor, inference=learner, env_factory=env_factory, actor_id=0,
+          num_envs=config.num_eval_envs, first_env_id=config.num_train_envs,
+          counter=counter, greedy=True, seed=config.seed + 10**6))
+  return program
+
+
+def local_resources(program: lp.Program) -> dict:
+  """Per-group process settings for `local_mp` launches (thread limits for actors)."""
+  return {group: local_multi_processing.PythonProcess(env=dict(ACTOR_ENV))
+          for group in program.groups if group in ('actor', 'evaluator')}

@@ -1,0 +1,219 @@
+"""Trajectories assembled on the server, and their way into Reverb.
+
+The inference server sees every env's steps in order. `SequenceAssembler` keeps a
+per-env buffer (keyed by global env id) and emits fixed-length sequences:
+
+* V-trace unrolls: `length = T + 1`, `period = T` -- consecutive unrolls share one step,
+  the bootstrap step of one is the first step of the next.
+* R2D2 sequences: `length = burn_in + trace`, `period` < length -- overlapping windows.
+
+Sequences run straight across episode boundaries (LAST followed by FIRST); the loss
+masks the step that crosses. `reset(env_ids)` drops a partial buffer, which the server
+does when an actor restarts (new run id).
+
+`ReverbSequenceWriter` moves completed sequences to a Reverb table on a background
+thread through a bounded queue: when the table's rate limiter blocks (the learner is
+behind), the queue fills and `write` blocks the inference thread, so actors wait
+instead of memory growing.
+"""
+
+import queue
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from absl import logging
+import numpy as np
+import tree
+
+Nest = Any
+
+
+class SequenceAssembler:
+  """Per-env step buffers that emit fixed-length, possibly overlapping sequences."""
+
+  def __init__(self, num_envs: int, length: int, period: int,
+               on_sequences: Callable[[Nest], None]):
+    """Creates the assembler.
+
+    Args:
+      num_envs: number of global env ids.
+      length: steps per emitted sequence.
+      period: steps between the starts of consecutive sequences of one env
+        (1 <= period <= length).
+      on_sequences: called with a nest of arrays `[N, length, ...]` (N completed
+        sequences, leading dims env then time) whenever sequences complete.
+    """
+    if not 1 <= period <= length:
+      raise ValueError(f'need 1 <= period <= length, got period={period}, length={length}')
+    self._num_envs = num_envs
+    self._length = length
+    self._period = period
+    self._on_sequences = on_sequences
+    self._structure = None
+    self._buffers: List[np.ndarray] = []
+    self._count = np.zeros(num_envs, np.int64)
+    self.sequences_emitted = 0
+
+  @property
+  def length(self) -> int:
+    return self._length
+
+  def _allocate(self, step: Nest) -> None:
+    self._structure = step
+    self._buffers = [
+        np.zeros((self._num_envs, self._length) + leaf.shape[1:], leaf.dtype)
+        for leaf in tree.flatten(step)]
+
+  def reset(self, env_ids: Sequence[int]) -> None:
+    """Drops the partial sequences of these envs."""
+    self._count[np.asarray(env_ids, np.int64)] = 0
+
+  def add(self, env_ids: np.ndarray, step: Nest) -> int:
+    """Appends one step for each env in `env_ids` (leaves `[B, ...]`).
+
+    Returns:
+      The number of sequences completed by this step (already handed on).
+    """
+    env_ids = np.asarray(env_ids, np.int64)
+    if self._structure is None:
+      self._allocate(step)
+    leaves = tree.flatten(step)
+    pos = self._count[env_ids]
+    for buf, leaf in zip(self._buffers, leaves):
+      buf[env_ids, pos] = leaf
+    self._count[env_ids] = pos + 1
+    done = env_ids[self._count[env_ids] == self._length]
+    if done.size == 0:
+      return 0
+    out = [buf[done] for buf in self._buffers]  # fancy indexing copies
+    keep = self._length - self._period
+    if keep:
+      for buf in self._buffers:
+        buf[done, :keep] = buf[done, self._period:]
+    self._count[done] = keep
+    self.sequences_emitted += int(done.size)
+    self._on_sequences(tree.unflatten_as(self._structure, out))
+    return int(done.size)
+
+
+class WriterClosedError(RuntimeError):
+  """The writer was closed while a caller waited to hand it sequences."""
+
+
+class ReverbSequenceWriter:
+  """Writes whole sequences as single Reverb items from a background thread."""
+
+  def __init__(self, client, table: str,
+               to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
+               priority_fn: Optional[Callable[[Dict[str, Any]], float]] = None,
+               max_pending: int = 64, flush_timeout_ms: int = 500):
+    """Creates the writer.
+
+    Args:
+      client: a `reverb.Client`.
+      table: name of the table to insert into.
+      to_items: turns a batch of sequences `[N, length, ...]` into N item dicts.
+      priority_fn: item -> priority; 1.0 for every item when None.
+      max_pending: bound of the queue between the inference thread and Reverb.
+      flush_timeout_ms: how long one blocking flush waits before re-checking `close`.
+    """
+    self._client = client
+    self._table = table
+    self._to_items = to_items
+    self._priority_fn = priority_fn
+    self._flush_timeout_ms = flush_timeout_ms
+    self._queue: 'queue.Queue[Dict[str, Any]]' = queue.Queue(maxsize=max_pending)
+    self._closed = threading.Event()
+    self.items_written = 0
+    self.blocked_seconds = 0.0
+    self.error: Optional[BaseException] = None
+    self._thread = threading.Thread(target=self._loop, name=f'reverb-writer-{table}',
+                                    daemon=True)
+    self._thread.start()
+
+  def write(self, sequences: Nest) -> None:
+    """Queues a batch of sequences; blocks while the queue is full (backpressure)."""
+    if self.error is not None:
+      raise RuntimeError(f'Reverb writer for table {self._table!r} failed') from self.error
+    for item in self._to_items(sequences):
+      start = time.monotonic()
+      while True:
+        if self._closed.is_set():
+          raise WriterClosedError(f'writer for table {self._table!r} is closed')
+        try:
+          self._queue.put(item, timeout=0.1)
+          break
+        except queue.Full:
+          continue
+      self.blocked_seconds += time.monotonic() - start
+
+  @property
+  def pending(self) -> int:
+    return self._queue.qsize()
+
+  def _loop(self) -> None:
+    try:
+      with self._client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        while not self._closed.is_set():
+          try:
+            items = [self._queue.get(timeout=0.1)]
+          except queue.Empty:
+            continue
+          while len(items) < 32:
+            try:
+              items.append(self._queue.get_nowait())
+            except queue.Empty:
+              break
+          for item in items:
+            writer.append(item)
+            priority = 1.0 if self._priority_fn is None else float(self._priority_fn(item))
+            writer.create_item(self._table, priority,
+                               tree.map_structure(lambda col: col[-1], writer.history))
+          self._flush(writer)
+          self.items_written += len(items)
+    except BaseException as e:  # pylint: disable=broad-except
+      if not self._closed.is_set():
+        logging.exception('Reverb writer for table %r failed', self._table)
+        self.error = e
+
+  def _flush(self, writer) -> None:
+    while not self._closed.is_set():
+      try:
+        writer.flush(timeout_ms=self._flush_timeout_ms)
+        return
+      except Exception as e:  # pylint: disable=broad-except
+        if 'DeadlineExceeded' in type(e).__name__ or 'did not complete' in str(e):
+          continue  # Table full: the rate limiter is holding us back.
+        raise
+
+  def close(self, timeout_s: float = 5.0) -> None:
+    self._closed.set()
+    self._thread.join(timeout_s)
+
+
+class ReverbSequenceSink:
+  """`TrajectorySink` that assembles fixed-length sequences and writes them to Reverb."""
+
+  def __init__(self, client, table: str, num_envs: int, length: int, period: int,
+               to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
+               priority_fn: Optional[Callable[[Dict[str, Any]], float]] = None,
+               max_pending: int = 64):
+    self.writer = ReverbSequenceWriter(client, table, to_items, priority_fn,
+                                       max_pending=max_pending)
+    self.assembler = SequenceAssembler(num_envs, length, period, self.writer.write)
+
+  def add(self, env_ids, step) -> None:
+    self.assembler.add(env_ids, step)
+
+  def reset(self, env_ids) -> None:
+    self.assembler.reset(env_ids)
+
+  def stats(self) -> Dict[str, float]:
+    return {'sequences': self.assembler.sequences_emitted,
+            'items_written': self.writer.items_written,
+            'writer_pending': self.writer.pending,
+            'writer_blocked_s': self.writer.blocked_seconds}
+
+  def close(self) -> None:
+    self.writer.close()
