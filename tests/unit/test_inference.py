@@ -1,0 +1,180 @@
+"""InferenceServer: server-side state per env, run-id resets, unrolls, per-caller errors."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from seedacme.envs.registry import EnvSpec
+from seedacme.inference import InferenceServer
+from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.protocol import InvalidRequestError, make_request
+from seedacme.trajectories import SequenceAssembler
+
+SPEC = EnvSpec(observation_shape=(2,), observation_dtype='float32', num_actions=5)
+
+
+class StepCountingPolicy(ServerPolicy):
+  """Recurrent state = steps since the state was last reset; action = state mod 5.
+
+  Greedy envs act `4 - action`, so tests can tell which mode served them.
+  """
+
+  def __init__(self):
+    self.batch_sizes = []
+
+  def initial_state(self, batch_size):
+    return (np.zeros((batch_size, 1), np.int64),)
+
+  def step(self, observation, state, greedy):
+    self.batch_sizes.append(len(observation))
+    count = state[0][:, 0]
+    action = np.where(greedy, 4 - count % 5, count % 5).astype(np.int32)
+    return PolicyStep(action, {'count': count.copy()}, (state[0] + 1,))
+
+
+def _request(env_ids, run_id, step_type, greedy=False, reward=0.0, obs=0.0):
+  k = len(env_ids)
+  return make_request(env_ids, np.full(k, run_id), np.full((k, 2), obs, np.float32),
+                      np.full(k, reward), np.ones(k), np.full(k, step_type), greedy)
+
+
+def _server(num_envs=4, sink=None, **kwargs):
+  kwargs.setdefault('max_batch_envs', 2)
+  kwargs.setdefault('batch_timeout_s', 0.001)
+  return InferenceServer(StepCountingPolicy(), SPEC, num_envs, sink, **kwargs)
+
+
+def test_state_is_kept_per_env_and_reset_on_first():
+  server = _server()
+  try:
+    actions = [server.step(_request([0, 1], 7, st))['action'].tolist()
+               for st in (0, 1, 1)]
+    assert actions == [[0, 0], [1, 1], [2, 2]]
+    # Env 1 starts a new episode: only its state resets.
+    r = make_request([0, 1], [7, 7], np.zeros((2, 2), np.float32), [0, 0], [1, 1], [1, 0])
+    assert server.step(r)['action'].tolist() == [3, 0]
+  finally:
+    server.close()
+
+
+def test_changed_run_id_resets_state_and_drops_partial_unroll():
+  out = []
+  sink = SequenceAssembler(num_envs=4, length=3, period=2, on_sequences=out.append)
+  server = _server(sink=sink)
+  try:
+    server.step(_request([0, 1], 7, 0))
+    server.step(_request([0, 1], 7, 1))
+    # Actor restarts (new run id) mid-episode and, unusually, sends MID: the server
+    # must still reset, because the run id changed.
+    action = server.step(_request([0, 1], 8, 1))['action']
+    assert action.tolist() == [0, 0]
+    assert server.actor_restarts == 1
+    assert out == []  # the two steps before the restart never became an unroll
+    server.step(_request([0, 1], 8, 1))
+    server.step(_request([0, 1], 8, 1))
+    assert len(out) == 1
+    np.testing.assert_array_equal(out[0]['extras']['count'], [[0, 1, 2], [0, 1, 2]])
+  finally:
+    server.close()
+
+
+def test_episode_returns_and_greedy_envs_are_kept_apart():
+  out = []
+  sink = SequenceAssembler(num_envs=4, length=2, period=1, on_sequences=out.append)
+  server = _server(sink=sink)
+  try:
+    for st, reward in ((0, 0.0), (1, 1.0), (2, 2.0)):
+      server.step(_request([0], 1, st, reward=reward))
+      server.step(_request([3], 2, st, greedy=True, reward=10 * reward))
+    assert server.episodes.summary(False)['average_return'] == 3.0
+    assert server.episodes.summary(True)['average_return'] == 30.0
+    assert server.env_steps == 3 and server.eval_env_steps == 3
+    # Greedy (evaluation) envs never reach the trajectories.
+    assert all((o['observation'] == 0).all() for o in out)
+    assert sum(len(o['action']) for o in out) == 2
+  finally:
+    server.close()
+
+
+def test_bad_request_fails_only_its_caller_while_batch_is_served():
+  server = _server(num_envs=8, max_batch_envs=6, batch_timeout_s=0.2)
+  results, errors = {}, {}
+  requests = {
+      'good_a': _request([0, 1], 1, 0),
+      'good_b': _request([2, 3], 2, 0),
+      'bad_shape': make_request([4, 5], [3, 3], np.zeros((2, 3), np.float32), [0, 0],
+                                [1, 1], [0, 0]),
+      'clash': _request([0, 6], 4, 0),  # env 0 is already in this batch
+  }
+
+  def call(name):
+    try:
+      results[name] = server.step(requests[name])
+    except InvalidRequestError as e:
+      errors[name] = str(e)
+
+  threads = [threading.Thread(target=call, args=(n,)) for n in requests]
+  try:
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(10)
+  finally:
+    server.close()
+  assert set(results) | set(errors) == set(requests)
+  assert 'good_a' in results and 'good_b' in results
+  assert 'observation has shape (2, 3)' in errors['bad_shape']
+  if 'clash' in errors:  # only when it landed in the same batch as good_a
+    assert 'already have a step in flight' in errors['clash']
+  assert server.requests_refused >= 1
+
+
+def test_policy_runs_once_per_batch_across_callers():
+  policy = StepCountingPolicy()
+  server = InferenceServer(policy, SPEC, 8, None, max_batch_envs=8, batch_timeout_s=5.0)
+  barrier = threading.Barrier(4)
+
+  def call(i):
+    barrier.wait()
+    server.step(_request([2 * i, 2 * i + 1], i, 0))
+
+  threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+  try:
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(10)
+  finally:
+    server.close()
+  assert policy.batch_sizes == [8]  # four actors, one forward pass
+
+
+def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
+  import tensorflow as tf  # noqa: F401  (real network, real variables)
+  from seedacme.agents import vtrace
+
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network='lstm', lstm_size=8))
+  network = builder.make_networks(SPEC)
+  policy = builder.make_policy(network, SPEC)
+  server = InferenceServer(policy, SPEC, 4, None, max_batch_envs=2, batch_timeout_s=0.001)
+  try:
+    server.step(_request([0, 1], 1, 0, obs=1.0))
+    state_after_one = [leaf.copy() for leaf in server._table.state]  # noqa: SLF001
+    assert state_after_one[0].shape == (4, 8)
+    assert np.abs(state_after_one[0][:2]).sum() > 0  # envs 0, 1 advanced
+    assert np.abs(state_after_one[0][2:]).sum() == 0  # envs 2, 3 untouched
+    server.step(_request([0], 1, 0, obs=1.0))  # env 0 restarts its episode
+    np.testing.assert_allclose(server._table.state[0][0], state_after_one[0][0], rtol=1e-5)  # noqa: SLF001
+  finally:
+    server.close()
+
+
+def test_unknown_env_id_error_names_it():
+  server = _server()
+  try:
+    with pytest.raises(InvalidRequestError, match=r'env_ids \[4\] are unknown'):
+      server.step(_request([4], 1, 0))
+    assert server.step(_request([0], 1, 0))['action'].tolist() == [0]  # still serving
+  finally:
+    server.close()
