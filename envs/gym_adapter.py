@@ -5,7 +5,6 @@ Episode ends map to dm_env's conventions: `terminated` gives a LAST step with di
 from the value of the final observation instead of treating the cut as a terminal state.
 """
 
-from typing import Optional
 
 import dm_env
 from dm_env import specs
@@ -16,7 +15,7 @@ import numpy as np
 class GymnasiumEnv(dm_env.Environment):
   """Wraps a gymnasium env with a `Discrete` action space and a `Box` observation space."""
 
-  def __init__(self, env: gymnasium.Env, seed: Optional[int] = None):
+  def __init__(self, env: gymnasium.Env, seed: int | None = None):
     if not isinstance(env.action_space, gymnasium.spaces.Discrete):
       raise ValueError(f'Only Discrete action spaces are supported, got {env.action_space}')
     if not isinstance(env.observation_space, gymnasium.spaces.Box):

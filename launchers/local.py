@@ -13,8 +13,7 @@ import json
 import os
 import sys
 import threading
-import time
-from typing import List, Optional
+from typing import List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
@@ -23,7 +22,7 @@ from seedacme.config import ProgramConfig
 from seedacme.progress import format_line
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
       prog='run_local', description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -58,7 +57,7 @@ def _tail_progress(path: str, offset: int):
   return records, offset + end
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: List[str] | None = None) -> int:
   args = parse_args(argv)
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))

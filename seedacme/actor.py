@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from concurrent import futures
-from typing import Any, Optional
+from typing import Any
 
 from absl import logging
 import numpy as np
@@ -44,9 +44,9 @@ class EnvActor:
 
   def __init__(self, inference: Any, env_factory: EnvFactory, actor_id: int,
                num_envs: int, first_env_id: int, counter: Any = None,
-               greedy: bool = False, seed: int = 0, max_steps: Optional[int] = None,
+               greedy: bool = False, seed: int = 0, max_steps: int | None = None,
                counter_interval_s: float = 2.0, log_interval_s: float = 30.0,
-               stop_event: Optional[threading.Event] = None):
+               stop_event: threading.Event | None = None):
     """Creates the actor.
 
     Args:

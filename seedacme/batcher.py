@@ -54,7 +54,7 @@ class RequestBatcher(Generic[T, R]):
     self._process_fn = process_fn
     self._max_batch_size = max_batch_size
     self._timeout_s = timeout_s
-    self._queue: 'queue.Queue[_Pending]' = queue.Queue()
+    self._queue: queue.Queue[_Pending] = queue.Queue()
     self._closed = threading.Event()
     self._lock = threading.Lock()
     self._batches = self._items = self._units = self._full = 0

@@ -15,7 +15,7 @@ knows nothing about V-trace or R2D2.
 """
 
 import abc
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from seedacme.envs.registry import EnvSpec
 from seedacme.policy import ServerPolicy
@@ -44,7 +44,7 @@ class Learner(abc.ABC):
   """The training side of the central node."""
 
   @abc.abstractmethod
-  def step(self) -> Optional[Dict[str, float]]:
+  def step(self) -> Dict[str, float] | None:
     """One SGD step; returns its metrics, or None if no data arrived in time."""
 
   def close(self) -> None:

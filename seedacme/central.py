@@ -8,7 +8,7 @@ latest parameters and no parameters cross the network.
 
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 from absl import logging
 
@@ -32,8 +32,8 @@ class CentralNode:
 
   def __init__(self, builder: SeedBuilder, spec: EnvSpec, config: ProgramConfig,
                replay: Any, counter: Any = None,
-               stop_program: Optional[Callable[[], None]] = None,
-               stop_event: Optional[threading.Event] = None):
+               stop_program: Callable[[], None] | None = None,
+               stop_event: threading.Event | None = None):
     self._builder = builder
     self._config = config
     self._replay = replay
@@ -68,7 +68,7 @@ class CentralNode:
     return dict(self.last_record)
 
   # ---- learner loop ----------------------------------------------------------------
-  def _replay_size(self) -> Optional[int]:
+  def _replay_size(self) -> int | None:
     try:
       info = self._replay.server_info(timeout=1)
       return int(sum(t.current_size for t in info.values()))
@@ -106,7 +106,7 @@ class CentralNode:
     self._last = (now, server.env_steps, self.learner_steps)
     return record
 
-  def _budget_reached(self, record: Dict[str, Any]) -> Optional[str]:
+  def _budget_reached(self, record: Dict[str, Any]) -> str | None:
     c = self._config
     if c.max_learner_steps is not None and self.learner_steps >= c.max_learner_steps:
       return f'reached {c.max_learner_steps} learner steps'

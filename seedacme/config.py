@@ -1,7 +1,6 @@
 """Configuration of a SEED program (agent-independent; agents have their own dataclass)."""
 
 import dataclasses
-from typing import Optional
 
 
 @dataclasses.dataclass
@@ -26,12 +25,12 @@ class ProgramConfig:
   num_actors: int = 2
   envs_per_actor: int = 16
   num_eval_envs: int = 4
-  inference_batch_envs: Optional[int] = None
+  inference_batch_envs: int | None = None
   inference_timeout_ms: float = 2.0
-  max_learner_steps: Optional[int] = None
-  max_env_steps: Optional[int] = None
-  max_seconds: Optional[float] = 120.0
-  target_return: Optional[float] = None
+  max_learner_steps: int | None = None
+  max_env_steps: int | None = None
+  max_seconds: float | None = 120.0
+  target_return: float | None = None
   logdir: str = '/tmp/seedacme'
   progress_interval_s: float = 5.0
   seed: int = 0

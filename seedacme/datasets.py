@@ -6,7 +6,7 @@ returns None when no complete batch arrived within `timeout_ms`, and the caller 
 its stop event.
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import reverb
 import tensorflow as tf
@@ -33,7 +33,7 @@ class ReverbBatches:
     dataset = dataset.batch(self._batch_size, drop_remainder=False)
     return iter(dataset.prefetch(self._prefetch))
 
-  def next(self) -> Optional[Any]:
+  def next(self) -> Any | None:
     """The next batch (possibly smaller than batch_size when data ran short) or None."""
     if self._iterator is None:
       self._iterator = self._make_iterator()

@@ -16,8 +16,7 @@ lives (`EnvStateTable`). Per inference batch the server
 
 import collections
 import threading
-import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from absl import logging
 import dm_env
@@ -95,7 +94,7 @@ class InferenceServer:
   """Serves `step(request)` for all actors of a program from one batched policy."""
 
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
-               trajectory_sink=None, max_batch_envs: Optional[int] = None,
+               trajectory_sink=None, max_batch_envs: int | None = None,
                batch_timeout_s: float = 0.002, max_request_envs: int = 4096):
     """Creates the server and starts its batching thread.
 

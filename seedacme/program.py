@@ -10,7 +10,7 @@ Nothing here knows which agent it runs or how the program is launched (`launcher
 """
 
 import functools
-from typing import Callable, Optional
+from typing import Callable
 
 from acme.utils import counting
 import launchpad as lp
@@ -30,7 +30,7 @@ ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREA
 
 def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
                  config: ProgramConfig,
-                 stop_program: Optional[Callable[[], None]] = None,
+                 stop_program: Callable[[], None] | None = None,
                  name: str = 'seedacme') -> lp.Program:
   """Builds the Launchpad program of a SEED agent.
 

@@ -20,7 +20,7 @@ instead of memory growing.
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from absl import logging
 import numpy as np
@@ -106,7 +106,7 @@ class ReverbSequenceWriter:
 
   def __init__(self, client, table: str,
                to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
-               priority_fn: Optional[Callable[[Dict[str, Any]], float]] = None,
+               priority_fn: Callable[[Dict[str, Any]], float] | None = None,
                max_pending: int = 64, flush_timeout_ms: int = 500):
     """Creates the writer.
 
@@ -123,11 +123,11 @@ class ReverbSequenceWriter:
     self._to_items = to_items
     self._priority_fn = priority_fn
     self._flush_timeout_ms = flush_timeout_ms
-    self._queue: 'queue.Queue[Dict[str, Any]]' = queue.Queue(maxsize=max_pending)
+    self._queue: queue.Queue[Dict[str, Any]] = queue.Queue(maxsize=max_pending)
     self._closed = threading.Event()
     self.items_written = 0
     self.blocked_seconds = 0.0
-    self.error: Optional[BaseException] = None
+    self.error: BaseException | None = None
     self._thread = threading.Thread(target=self._loop, name=f'reverb-writer-{table}',
                                     daemon=True)
     self._thread.start()
@@ -197,7 +197,7 @@ class ReverbSequenceSink:
 
   def __init__(self, client, table: str, num_envs: int, length: int, period: int,
                to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
-               priority_fn: Optional[Callable[[Dict[str, Any]], float]] = None,
+               priority_fn: Callable[[Dict[str, Any]], float] | None = None,
                max_pending: int = 64):
     self.writer = ReverbSequenceWriter(client, table, to_items, priority_fn,
                                        max_pending=max_pending)

@@ -79,7 +79,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
               'action': sequences['action'][i],
               'logits': sequences['extras']['logits'][i]}
       if state_leaves:
-        item['initial_state'] = tree.map_structure(lambda x: x[i, 0], sequences['state'])
+        item['initial_state'] = tree.map_structure(lambda x, i=i: x[i, 0], sequences['state'])
       items.append(item)
     return items
 

@@ -1,7 +1,7 @@
 """Hyperparameters of the V-trace agent (one dataclass; flags live in launchers)."""
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Tuple
 
 
 @dataclasses.dataclass
@@ -31,14 +31,14 @@ class VTraceConfig:
   lstm_size: int = 64
   learning_rate: float = 1e-3
   adam_epsilon: float = 1e-7
-  max_gradient_norm: Optional[float] = 40.0
+  max_gradient_norm: float | None = 40.0
   discount: float = 0.99
   baseline_cost: float = 0.5
   entropy_cost: float = 0.01
   clip_rho_threshold: float = 1.0
   clip_pg_rho_threshold: float = 1.0
   clip_c_threshold: float = 1.0
-  reward_clip: Optional[float] = None
+  reward_clip: float | None = None
   reward_scale: float = 1.0
   queue_size: int = 256
   seed: int = 0

@@ -1,6 +1,6 @@
 """The V-trace learner step: unrolls from the Reverb queue -> V-trace loss -> Adam."""
 
-from typing import Dict, Optional
+from typing import Dict
 
 import dm_env
 import numpy as np
@@ -59,7 +59,7 @@ class VTraceLearner(Learner):
   """SGD on V-trace unrolls; shares `network` with the inference server."""
 
   def __init__(self, network: snt.Module, config: VTraceConfig,
-               batches: Optional[ReverbBatches]):
+               batches: ReverbBatches | None):
     self._network = network
     self._config = config
     self._batches = batches
@@ -89,7 +89,7 @@ class VTraceLearner(Learner):
     """One SGD step on a given batch (used by `step` and by tests)."""
     return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}
 
-  def step(self) -> Optional[Dict[str, float]]:
+  def step(self) -> Dict[str, float] | None:
     batch = self._batches.next()
     if batch is None:
       return None

@@ -11,7 +11,7 @@ cross-episode step would teach the policy nonsense (Acme's TF IMPALA collapsed o
 CartPole for this reason).
 """
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 import tensorflow as tf
 
@@ -23,7 +23,7 @@ class VTraceReturns(NamedTuple):
 
 def vtrace_returns(log_rhos: tf.Tensor, discounts: tf.Tensor, rewards: tf.Tensor,
                    values: tf.Tensor, bootstrap_value: tf.Tensor,
-                   mask: Optional[tf.Tensor] = None, clip_rho_threshold: float = 1.0,
+                   mask: tf.Tensor | None = None, clip_rho_threshold: float = 1.0,
                    clip_pg_rho_threshold: float = 1.0,
                    clip_c_threshold: float = 1.0) -> VTraceReturns:
   """V-trace targets by the backward recursion (paper, Remark 1).
@@ -61,7 +61,7 @@ def vtrace_returns(log_rhos: tf.Tensor, discounts: tf.Tensor, rewards: tf.Tensor
 def vtrace_loss(target_logits: tf.Tensor, behaviour_logits: tf.Tensor,
                 actions: tf.Tensor, rewards: tf.Tensor, discounts: tf.Tensor,
                 values: tf.Tensor, bootstrap_value: tf.Tensor,
-                mask: Optional[tf.Tensor] = None, baseline_cost: float = 0.5,
+                mask: tf.Tensor | None = None, baseline_cost: float = 0.5,
                 entropy_cost: float = 0.01, clip_rho_threshold: float = 1.0,
                 clip_pg_rho_threshold: float = 1.0,
                 clip_c_threshold: float = 1.0) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:

@@ -20,7 +20,7 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap, mask,
   vs = np.zeros((T, B))
   adv = np.zeros((T, B))
   for b in range(B):
-    v_next = lambda t: bootstrap[b] if t + 1 == T else values[t + 1, b]  # noqa: E731
+    v_next = lambda t, b=b: bootstrap[b] if t + 1 == T else values[t + 1, b]
     gamma = [discounts[t, b] * mask[t, b] for t in range(T)]
     rho = [min(rho_bar, np.exp(log_rhos[t, b])) for t in range(T)]
     c = [min(c_bar, np.exp(log_rhos[t, b])) for t in range(T)]
