@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import threading
-from typing import List
+from typing import Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
@@ -55,6 +55,23 @@ def _tail_progress(path: str, offset: int):
   end = data.rfind('\n') + 1
   records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
   return records, offset + end
+
+
+def _sample_node_memory(logdir: str, peak: Dict[str, float]) -> None:
+  """Updates `peak[node] = max RSS in MB` for this launcher's node processes.
+
+  A node is recognised by its stdout, which Launchpad points at `<logdir>/nodes/<group>/<i>`.
+  """
+  import psutil  # pylint: disable=g-import-not-at-top
+  nodes_dir = os.path.join(logdir, 'nodes') + os.sep
+  for child in psutil.Process().children(recursive=True):
+    try:
+      out = os.readlink(f'/proc/{child.pid}/fd/1')
+      if out.startswith(nodes_dir):
+        node = out[len(nodes_dir):]
+        peak[node] = max(peak.get(node, 0.0), child.memory_info().rss / 2**20)
+    except (OSError, psutil.Error):
+      continue
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -107,11 +124,16 @@ def main(argv: List[str] | None = None) -> int:
   waiter.start()
   progress_path = os.path.join(logdir, 'progress.jsonl')
   offset = 0
+  peak_rss: Dict[str, float] = {}
   while waiter.is_alive():
     waiter.join(0.5)
+    _sample_node_memory(logdir, peak_rss)
     records, offset = _tail_progress(progress_path, offset)
     for record in records:
       print(format_line(record), flush=True)
+  print()  # Launchpad's shutdown countdown ends without a newline.
+  with open(os.path.join(logdir, 'memory.json'), 'w') as f:
+    json.dump({'peak_rss_mb': peak_rss}, f, indent=1)
 
   summary_path = os.path.join(logdir, 'summary.json')
   if failure:
@@ -127,6 +149,9 @@ def main(argv: List[str] | None = None) -> int:
   print(f"seedacme: done ({summary['stopped_because']}) after "
         f"{summary['elapsed_s']:.0f}s: {summary['env_steps']:,} env steps, "
         f"{summary['episodes']} episodes, {summary['learner_steps']} learner steps")
+  if peak_rss:
+    print('seedacme: peak RSS per node (MB): ' + ', '.join(
+        f'{node} {mb:.0f}' for node, mb in sorted(peak_rss.items())))
   ret = summary.get('average_return')
   eval_ret = summary.get('eval_average_return')
   print(f'seedacme: final average return {ret if ret is None else round(ret, 3)} '

@@ -11,6 +11,8 @@ and drop their partial unrolls.
 
 import collections
 import os
+import resource
+import sys
 import threading
 import time
 from concurrent import futures
@@ -147,4 +149,7 @@ class EnvActor:
         recent = []
         last_log = now
     self._envs.close()
-    logging.info('%s %d stopped after %d steps', kind, self._actor_id, self.steps)
+    logging.info('%s %d stopped after %d steps; peak RSS %.0f MB; tensorflow imported: %s',
+                 kind, self._actor_id, self.steps,
+                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                 'tensorflow' in sys.modules)

@@ -119,29 +119,45 @@ class CentralNode:
       return f'average return {record["average_return"]:.3f} >= target {c.target_return}'
     return None
 
-  def run(self) -> None:
-    """Trains until the stop event or the budget; then shuts the program down."""
-    if self._stop is None:
-      self._stop = _default_stop_event()
+  def _learn(self) -> None:
+    """The learner loop (a background thread): SGD steps, progress records, budget."""
     next_progress = time.monotonic() + self._config.progress_interval_s
-    reason = None
+    max_steps = self._config.max_learner_steps
     try:
-      while not self._stop.is_set():
+      while not self._stop.is_set() and self._budget_reason is None:
         metrics = self.learner.step()
         if metrics is not None:
           self.learner_steps += 1
           self.last_metrics = metrics
         if time.monotonic() >= next_progress or (
-            self._config.max_learner_steps is not None
-            and self.learner_steps >= self._config.max_learner_steps):
+            max_steps is not None and self.learner_steps >= max_steps):
           next_progress = time.monotonic() + self._config.progress_interval_s
           self.last_record = self._record()
           self._progress.write(self.last_record)
-          if self._counter is not None:
-            self._counter.futures.increment(learner_steps=0)  # keep the counter warm
-          reason = self._budget_reached(self.last_record)
-          if reason:
-            break
+          self._budget_reason = self._budget_reached(self.last_record)
+    except BaseException as e:  # pylint: disable=broad-except
+      logging.exception('Learner failed')
+      self._learner_error = e
+    finally:
+      self._learner_done.set()
+
+  def run(self) -> None:
+    """Trains until the stop event or the budget; then shuts the program down.
+
+    The learner runs in a background thread; this (main) thread only waits, so it stays
+    free to run Launchpad's SIGTERM handler even while the learner blocks in Reverb.
+    """
+    if self._stop is None:
+      self._stop = _default_stop_event()
+    self._budget_reason = None
+    self._learner_error = None
+    self._learner_done = threading.Event()
+    learner_thread = threading.Thread(target=self._learn, name='learner', daemon=True)
+    learner_thread.start()
+    try:
+      while not self._stop.wait(0.2) and not self._learner_done.is_set():
+        pass
+      reason = self._budget_reason
       if reason and self._stop_program is not None:
         # Ask the launcher to stop every node; keep serving until our own stop signal
         # arrives so actors are not left retrying against a closed server.
@@ -149,11 +165,18 @@ class CentralNode:
         self._stop_program()
         self._stop.wait(60)
     finally:
+      self._stop.set()
+      learner_thread.join(3)
+      if learner_thread.is_alive():
+        logging.warning('Learner thread still blocked after 3s; exiting without it')
       final = self._record()
-      final['stopped_because'] = reason or 'stop requested'
+      final['stopped_because'] = self._budget_reason or (
+          'learner failed' if self._learner_error else 'stop requested')
       self._progress.write_summary(final)
       logging.info('Central node stopping (%s): %s', final['stopped_because'],
                    format_line(final))
       self.server.close()
       self._sink.close()
       self.learner.close()
+    if self._learner_error is not None:
+      raise self._learner_error

@@ -10,6 +10,9 @@ Nothing here knows which agent it runs or how the program is launched (`launcher
 """
 
 import functools
+import shutil
+import tempfile
+import time
 from typing import Callable
 
 from acme.utils import counting
@@ -26,6 +29,34 @@ from seedacme.envs.registry import EnvFactory, EnvSpec
 # over the cores the learner needs.
 ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1',
              'CUDA_VISIBLE_DEVICES': ''}
+
+
+class ReplayNode(lp.ReverbNode):
+  """Launchpad's Reverb node, but it outlives its clients by a short grace period.
+
+  Launchpad signals every node at once. If the Reverb server vanished first, a learner
+  waiting inside a Reverb sample would block on a dead server instead of timing out
+  normally and seeing the stop signal.
+  """
+
+  def __init__(self, priority_tables_fn, grace_s: float = 2.0):
+    super().__init__(priority_tables_fn)
+    self._grace_s = grace_s
+
+  def run(self):
+    import reverb  # pylint: disable=g-import-not-at-top
+    # Reverb's default checkpointer makes a temp dir per server and never removes it.
+    checkpoint_dir = tempfile.mkdtemp(prefix='seedacme_reverb_')
+    try:
+      self._server = reverb.Server(
+          tables=self._priority_tables_fn(),
+          port=lp.get_port_from_address(self._address.resolve()),
+          checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
+      lp.wait_for_stop()
+      time.sleep(self._grace_s)
+      self._server.stop()
+    finally:
+      shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
@@ -45,7 +76,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
   config.validate()
   program = lp.Program(name)
   with program.group('replay'):
-    replay = program.add_node(lp.ReverbNode(functools.partial(builder.make_replay_tables, spec)))
+    replay = program.add_node(ReplayNode(functools.partial(builder.make_replay_tables, spec)))
   with program.group('counter'):
     counter = program.add_node(lp.CourierNode(counting.Counter))
   with program.group('learner'):

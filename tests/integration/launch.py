@@ -1,0 +1,107 @@
+"""Runs `run_local` as a real multi-process Launchpad program for integration tests.
+
+Each launch gets its own HOME and TMPDIR under the test's tmp dir, and a unique tag in
+its environment that every node process inherits; `leftover_processes(tag)` finds any
+process still carrying it (an orphan).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List, Optional
+
+TAG_VAR = 'SEEDACME_TEST_TAG'
+
+
+def leftover_processes(tag: str) -> List[int]:
+  """Pids of live processes whose environment carries `tag`."""
+  pids = []
+  needle = f'{TAG_VAR}={tag}'.encode()
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/environ', 'rb') as f:
+        if needle in f.read().split(b'\0'):
+          with open(f'/proc/{entry}/stat') as s:
+            if s.read().split(') ')[-1].startswith('Z'):
+              continue  # zombie: already dead
+          pids.append(int(entry))
+    except OSError:
+      continue
+  return pids
+
+
+class Run:
+  """A launched program: its process, logdir and what it printed."""
+
+  def __init__(self, args: List[str], workdir: str):
+    self.tag = uuid.uuid4().hex
+    self.logdir = os.path.join(workdir, 'logdir')
+    tmp = os.path.join(workdir, 'tmp')
+    home = os.path.join(workdir, 'home')
+    os.makedirs(tmp, exist_ok=True)
+    os.makedirs(home, exist_ok=True)
+    env = dict(os.environ, HOME=home, TMPDIR=tmp, **{TAG_VAR: self.tag})
+    self.stdout_path = os.path.join(workdir, 'stdout.txt')
+    self._out = open(self.stdout_path, 'w')
+    self.proc = subprocess.Popen(
+        [sys.executable, '-m', 'seedacme.launchers.local', *args, '--logdir', self.logdir],
+        stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+  def wait(self, timeout: float) -> int:
+    try:
+      return self.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise
+
+  def kill(self) -> None:
+    """Last resort for a hung test: kill everything carrying our tag."""
+    for pid in leftover_processes(self.tag):
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    self.proc.wait(10)
+
+  def interrupt(self) -> None:
+    """Ctrl-C, as a user at the terminal would press it."""
+    self.proc.send_signal(signal.SIGINT)
+
+  @property
+  def output(self) -> str:
+    self._out.flush()
+    with open(self.stdout_path) as f:
+      return f.read()
+
+  def progress(self) -> List[Dict]:
+    path = os.path.join(self.logdir, 'progress.jsonl')
+    if not os.path.exists(path):
+      return []
+    with open(path) as f:
+      return [json.loads(line) for line in f if line.endswith('\n')]
+
+  def json(self, name: str) -> Optional[Dict]:
+    path = os.path.join(self.logdir, name)
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      return json.load(f)
+
+  def node_log(self, node: str) -> str:
+    with open(os.path.join(self.logdir, 'nodes', node)) as f:
+      return f.read()
+
+  def wait_for_no_leftovers(self, timeout: float = 15.0) -> List[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      left = leftover_processes(self.tag)
+      if not left:
+        return []
+      time.sleep(0.5)
+    return leftover_processes(self.tag)

@@ -1,0 +1,92 @@
+"""The real program: Launchpad local_mp, Reverb, Courier, env-only actors, learning.
+
+One launch per test, several assertions per launch (a program takes 20-45 s to start).
+"""
+
+import glob
+import os
+import re
+import time
+
+import pytest
+
+from tests.integration.launch import Run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(360)
+def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
+  run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
+             '--progress_interval_s', '3'], str(tmp_path))
+  try:
+    code = run.wait(330)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  out = run.output
+  assert code == 0, out[-3000:]
+  assert not leftovers, f'processes left behind: {leftovers}'
+
+  # It learned: the budget that stopped it is the target return, not the time limit.
+  summary = run.json('summary.json')
+  assert 'target' in summary['stopped_because'], summary
+  assert summary['average_return'] >= 0.9
+  assert re.search(r'final average return (0\.9\d*|1\.0)', out), out[-2000:]
+
+  # Progress: env steps and learner steps grow; returns rise from random (about -0.6).
+  records = run.progress()
+  assert len(records) >= 3
+  steps = [r['env_steps'] for r in records]
+  assert steps == sorted(steps) and steps[-1] > steps[0] > 0
+  assert records[-1]['learner_steps'] > 0
+  assert records[0]['average_return'] is None or records[0]['average_return'] < 0.5
+  assert max(r['average_return'] or -1 for r in records) >= 0.9
+  assert glob.glob(os.path.join(run.logdir, 'tensorboard', 'events.out.tfevents.*'))
+
+  # Env-only actors: no TensorFlow, a fraction of the central node's memory.
+  for node in ('actor/0', 'actor/1', 'evaluator/0'):
+    assert 'tensorflow imported: False' in run.node_log(node), node
+  memory = run.json('memory.json')['peak_rss_mb']
+  assert memory['actor/0'] < 200 and memory['actor/1'] < 200, memory
+  assert memory['learner/0'] > 2 * memory['actor/0'], memory
+  assert 'Traceback' not in run.node_log('learner/0')
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_every_node(tmp_path):
+  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '600', '--progress_interval_s', '2'],
+            str(tmp_path))
+  try:
+    # Interrupt mid-training: actors stepping, learner inside Reverb sampling.
+    training = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
+    deadline = time.monotonic() + 150
+    while not training() and time.monotonic() < deadline and run.proc.poll() is None:
+      time.sleep(1)
+    assert training(), 'the program never trained\n' + run.output[-3000:]
+    run.interrupt()
+    start = time.monotonic()
+    run.wait(60)
+    stop_seconds = time.monotonic() - start
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert not leftovers, f'processes left behind: {leftovers}'
+  assert 'Killing entire runtime' not in run.output  # nobody needed SIGKILL
+  assert stop_seconds < 15, stop_seconds
+  assert run.json('summary.json')['stopped_because'] == 'stop requested'
+  # No temp dirs left behind (Launchpad's job pickles, Reverb's checkpoint dir).
+  assert os.listdir(os.path.join(str(tmp_path), 'tmp')) == []
+
+
+@pytest.mark.timeout(420)
+def test_vtrace_solves_cartpole(tmp_path):
+  run = Run(['cartpole', 'vtrace', '2', '16', '--max_seconds', '300', '--target_return', '475'],
+            str(tmp_path))
+  try:
+    code = run.wait(400)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers
+  summary = run.json('summary.json')
+  assert 'target' in summary['stopped_because'], summary
+  assert summary['average_return'] >= 475
