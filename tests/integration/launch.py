@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 
@@ -86,7 +86,7 @@ class Run:
     with open(path) as f:
       return [json.loads(line) for line in f if line.endswith('\n')]
 
-  def json(self, name: str) -> Optional[Dict]:
+  def json(self, name: str) -> Dict | None:
     path = os.path.join(self.logdir, name)
     if not os.path.exists(path):
       return None
