@@ -65,8 +65,8 @@ class SeedBuilder(abc.ABC):
     """Networks with their variables created (central node)."""
 
   @abc.abstractmethod
-  def make_policy(self, networks: Any, spec: EnvSpec) -> ServerPolicy:
-    """The batched policy the inference server runs."""
+  def make_policy(self, networks: Any, spec: EnvSpec, num_train_envs: int) -> ServerPolicy:
+    """The batched policy the inference server runs (training env ids: 0..num_train_envs-1)."""
 
   @abc.abstractmethod
   def make_trajectory_sink(self, replay_client: Any, num_envs: int,

@@ -42,7 +42,7 @@ class CentralNode:
     self._stop = stop_event
     self._progress = ProgressWriter(config.logdir)
     self.networks = builder.make_networks(spec)
-    policy = builder.make_policy(self.networks, spec)
+    policy = builder.make_policy(self.networks, spec, config.num_train_envs)
     self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
     self.server = InferenceServer(
         policy, spec, config.num_envs, self._sink,

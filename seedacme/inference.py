@@ -184,7 +184,7 @@ class InferenceServer:
     table.episode_length[not_first] += 1
 
     state = table.gather(env_ids)
-    out = self._policy.step(observation, state, greedy)
+    out = self._policy.step(observation, state, greedy, env_ids)
     action = np.asarray(out.action, np.int32)
 
     train = ~greedy

@@ -28,7 +28,8 @@ class ServerPolicy(abc.ABC):
     """Recurrent state for `batch_size` fresh envs (numpy leaves `[B, ...]`)."""
 
   @abc.abstractmethod
-  def step(self, observation: np.ndarray, state: Nest, greedy: np.ndarray) -> PolicyStep:
+  def step(self, observation: np.ndarray, state: Nest, greedy: np.ndarray,
+           env_ids: np.ndarray) -> PolicyStep:
     """Picks actions for a batch of envs.
 
     Args:
@@ -36,4 +37,6 @@ class ServerPolicy(abc.ABC):
         on the wire; the policy converts on the accelerator).
       state: recurrent state before this step, leaves `[B, ...]`.
       greedy: bool `[B]`; greedy envs take the most likely action (evaluation).
+      env_ids: int `[B]` global env ids, for per-env behaviour such as R2D2's
+        exploration schedule (training envs are 0..num_train_envs-1).
     """

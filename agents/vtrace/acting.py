@@ -53,7 +53,9 @@ class VTracePolicy(ServerPolicy):
     return tf.argmax(logits - tf.math.log(-tf.math.log(u)), axis=-1,
                      output_type=tf.int32)[:, None]
 
-  def step(self, observation: np.ndarray, state: Nest, greedy: np.ndarray) -> PolicyStep:
+  def step(self, observation: np.ndarray, state: Nest, greedy: np.ndarray,
+           env_ids: np.ndarray) -> PolicyStep:
+    del env_ids  # Every env samples from the same policy.
     action, logits, next_state = self._step(
         tf.constant(observation), tree.map_structure(tf.constant, state),
         tf.constant(greedy, tf.bool))

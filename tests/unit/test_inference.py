@@ -26,7 +26,7 @@ class StepCountingPolicy(ServerPolicy):
   def initial_state(self, batch_size):
     return (np.zeros((batch_size, 1), np.int64),)
 
-  def step(self, observation, state, greedy):
+  def step(self, observation, state, greedy, env_ids):
     self.batch_sizes.append(len(observation))
     count = state[0][:, 0]
     action = np.where(greedy, 4 - count % 5, count % 5).astype(np.int32)
@@ -156,7 +156,7 @@ def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
 
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network='lstm', lstm_size=8))
   network = builder.make_networks(SPEC)
-  policy = builder.make_policy(network, SPEC)
+  policy = builder.make_policy(network, SPEC, num_train_envs=4)
   server = InferenceServer(policy, SPEC, 4, None, max_batch_envs=2, batch_timeout_s=0.001)
   try:
     server.step(_request([0, 1], 1, 0, obs=1.0))
