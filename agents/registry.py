@@ -4,7 +4,7 @@ from typing import Any, Dict
 
 from seedacme.builder import SeedBuilder
 
-AGENT_NAMES = ('vtrace',)
+AGENT_NAMES = ('vtrace', 'r2d2')
 
 # Per-environment overrides of the agent's config dataclass.
 _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -15,6 +15,16 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
                      reward_scale=0.1),
 }
 
+# R2D2 on small control tasks: short sequences, frequent target updates.
+_R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    'catch': dict(burn_in=2, trace_length=10, period=5, n_step=3, discount=0.99,
+                  hidden_sizes=(64,), lstm_size=64, learning_rate=1e-3, batch_size=32,
+                  target_update_period=100, replay_size=20_000, min_replay_size=200),
+    'cartpole': dict(burn_in=8, trace_length=20, period=10, n_step=5, discount=0.99,
+                     hidden_sizes=(64,), lstm_size=64, learning_rate=1e-3, batch_size=32,
+                     target_update_period=200, replay_size=20_000, min_replay_size=500),
+}
+
 
 def make_builder(agent: str, env: str, **overrides) -> SeedBuilder:
   """The builder of `agent` configured for `env` (plus explicit overrides)."""
@@ -22,4 +32,8 @@ def make_builder(agent: str, env: str, **overrides) -> SeedBuilder:
     from seedacme.agents import vtrace  # pylint: disable=g-import-not-at-top
     kwargs = {**_VTRACE_DEFAULTS.get(env, {}), **overrides}
     return vtrace.VTraceBuilder(vtrace.VTraceConfig(**kwargs))
+  if agent == 'r2d2':
+    from seedacme.agents import r2d2  # pylint: disable=g-import-not-at-top
+    kwargs = {**_R2D2_DEFAULTS.get(env, {}), **overrides}
+    return r2d2.R2D2Builder(r2d2.R2D2Config(**kwargs))
   raise ValueError(f'Unknown agent {agent!r}; known: {", ".join(AGENT_NAMES)}')

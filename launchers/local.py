@@ -35,7 +35,10 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--max_learner_steps', type=int, default=0, help='0: no limit')
   parser.add_argument('--max_env_steps', type=int, default=0, help='0: no limit')
   parser.add_argument('--target_return', type=float, default=None,
-                      help='stop once the average training return reaches this')
+                      help='stop once the average return reaches this')
+  parser.add_argument('--target_on', choices=('train', 'eval'), default='train',
+                      help='which return --target_return watches: training episodes '
+                      '(last 100) or the greedy evaluator (last 20)')
   parser.add_argument('--num_eval_envs', type=int, default=4)
   parser.add_argument('--inference_timeout_ms', type=float, default=2.0)
   parser.add_argument('--logdir', default=None,
@@ -96,6 +99,7 @@ def main(argv: List[str] | None = None) -> int:
       max_seconds=args.max_seconds or None,
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,
+      target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed)
   for path in ('progress.jsonl', 'summary.json'):
     if os.path.exists(os.path.join(logdir, path)):

@@ -68,12 +68,17 @@ class CentralNode:
     return dict(self.last_record)
 
   # ---- learner loop ----------------------------------------------------------------
-  def _replay_size(self) -> int | None:
+  def _replay_stats(self) -> Dict[str, Any]:
+    """Size, inserts and samples over all Reverb tables (None when unreachable)."""
     try:
-      info = self._replay.server_info(timeout=1)
-      return int(sum(t.current_size for t in info.values()))
+      tables = self._replay.server_info(timeout=1).values()
+      return {
+          'replay_size': int(sum(t.current_size for t in tables)),
+          'replay_inserts': int(sum(t.rate_limiter_info.insert_stats.completed for t in tables)),
+          'replay_samples': int(sum(t.rate_limiter_info.sample_stats.completed for t in tables)),
+      }
     except Exception:  # pylint: disable=broad-except
-      return None
+      return {'replay_size': None, 'replay_inserts': None, 'replay_samples': None}
 
   def _record(self) -> Dict[str, Any]:
     now = time.monotonic()
@@ -93,7 +98,7 @@ class CentralNode:
         'eval_average_return': evaluation['average_return'],
         'learner_steps': self.learner_steps,
         'learner_steps_per_s': (self.learner_steps - learn0) / dt,
-        'replay_size': self._replay_size(),
+        **self._replay_stats(),
         'inference_batches': batch.batches,
         'batch_fill': batch.mean_batch_units / server.max_batch_envs,
         'latency_ms': batch.mean_latency_ms,
@@ -114,9 +119,11 @@ class CentralNode:
       return f'reached {c.max_env_steps} env steps'
     if c.max_seconds is not None and record['elapsed_s'] >= c.max_seconds:
       return f'reached the time budget of {c.max_seconds:.0f}s'
-    if (c.target_return is not None and record['episodes'] >= 100
-        and record['average_return'] >= c.target_return):
-      return f'average return {record["average_return"]:.3f} >= target {c.target_return}'
+    if c.target_return is not None:
+      prefix, needed = ('eval_', 20) if c.target_on == 'eval' else ('', 100)
+      value = record[f'{prefix}average_return']
+      if record[f'{prefix}episodes'] >= needed and value >= c.target_return:
+        return f'{prefix}average return {value:.3f} >= target {c.target_return}'
     return None
 
   def _learn(self) -> None:

@@ -16,8 +16,9 @@ class ProgramConfig:
     inference_timeout_ms: ... or this long after the first request of a batch.
     max_learner_steps, max_env_steps, max_seconds: budget; the program stops itself
       at the first one reached (None: unlimited).
-    target_return: stop once the average training return over the last 100
-      episodes reaches this (None: never).
+    target_return: stop once the average return reaches this (None: never).
+    target_on: 'train' (last 100 training episodes) or 'eval' (last 20 episodes of
+      the greedy evaluator).
     logdir: progress.jsonl, summary.json, TensorBoard events.
     progress_interval_s: period of progress records.
     seed: base seed of envs.
@@ -31,6 +32,7 @@ class ProgramConfig:
   max_env_steps: int | None = None
   max_seconds: float | None = 120.0
   target_return: float | None = None
+  target_on: str = 'train'
   logdir: str = '/tmp/seedacme'
   progress_interval_s: float = 5.0
   seed: int = 0
@@ -49,5 +51,9 @@ class ProgramConfig:
       raise ValueError(f'num_actors must be >= 1, got {self.num_actors}')
     if self.envs_per_actor < 1:
       raise ValueError(f'envs_per_actor must be >= 1, got {self.envs_per_actor}')
+    if self.target_on not in ('train', 'eval'):
+      raise ValueError(f"target_on must be 'train' or 'eval', got {self.target_on!r}")
+    if self.target_on == 'eval' and self.target_return is not None and not self.num_eval_envs:
+      raise ValueError("target_on='eval' needs an evaluator (num_eval_envs > 0)")
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

@@ -16,12 +16,24 @@ class ReverbBatches:
   """Iterates `[batch_size, ...]` batches of whole items from one Reverb table."""
 
   def __init__(self, server_address: str, table: str, batch_size: int,
-               timeout_ms: int = 1000, prefetch: int = 1):
+               timeout_ms: int = 1000, prefetch: int = 1, with_info: bool = False):
+    """Creates the iterator (lazily: the first `next` connects).
+
+    Args:
+      server_address: Reverb server address.
+      table: table to sample from.
+      batch_size: items per batch.
+      timeout_ms: `next` gives up after this long without a full batch.
+      prefetch: batches prefetched by tf.data.
+      with_info: yield `(info, data)` (keys, probabilities, table sizes: what
+        prioritized replay needs) instead of `data`.
+    """
     self._server_address = server_address
     self._table = table
     self._batch_size = batch_size
     self._timeout_ms = timeout_ms
     self._prefetch = prefetch
+    self._with_info = with_info
     self._iterator = None
 
   def _make_iterator(self):
@@ -29,7 +41,10 @@ class ReverbBatches:
         server_address=self._server_address, table=self._table,
         max_in_flight_samples_per_worker=2 * self._batch_size,
         rate_limiter_timeout_ms=self._timeout_ms)
-    dataset = dataset.map(lambda sample: sample.data)
+    if self._with_info:
+      dataset = dataset.map(lambda sample: (sample.info, sample.data))
+    else:
+      dataset = dataset.map(lambda sample: sample.data)
     dataset = dataset.batch(self._batch_size, drop_remainder=False)
     return iter(dataset.prefetch(self._prefetch))
 

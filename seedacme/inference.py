@@ -67,12 +67,13 @@ class EnvStateTable:
 class EpisodeLog:
   """Finished episodes seen by the server, kept apart for training and evaluation."""
 
-  def __init__(self, window: int = 100):
+  def __init__(self, window: int = 100, eval_window: int = 20):
+    """Averages cover the last `window` training / `eval_window` evaluation episodes."""
     self._lock = threading.Lock()
     self.returns = {False: collections.deque(maxlen=window),
-                    True: collections.deque(maxlen=window)}
+                    True: collections.deque(maxlen=eval_window)}
     self.lengths = {False: collections.deque(maxlen=window),
-                    True: collections.deque(maxlen=window)}
+                    True: collections.deque(maxlen=eval_window)}
     self.episodes = {False: 0, True: 0}
 
   def record(self, greedy: bool, returns: np.ndarray, lengths: np.ndarray) -> None:

@@ -59,12 +59,20 @@ def _fmt(value, spec: str) -> str:
 
 
 def format_line(r: Dict[str, Any]) -> str:
-  """One console line: time, env steps and rate, returns, learner, queue, batching."""
-  return (f"{_fmt(r.get('elapsed_s'), '6.0f')}s | env steps {_fmt(r.get('env_steps'), ',d')}"
-          f" ({_fmt(r.get('env_steps_per_s'), ',.0f')}/s) | episodes "
-          f"{_fmt(r.get('episodes'), 'd')} | return {_fmt(r.get('average_return'), '.3f')}"
-          f" | eval {_fmt(r.get('eval_average_return'), '.3f')} | learner steps "
-          f"{_fmt(r.get('learner_steps'), 'd')} ({_fmt(r.get('learner_steps_per_s'), '.1f')}/s)"
-          f" | queue {_fmt(r.get('replay_size'), 'd')} | batch fill "
-          f"{_fmt(r.get('batch_fill'), '.0%')} | latency {_fmt(r.get('latency_ms'), '.1f')}ms"
-          f" p99 {_fmt(r.get('latency_p99_ms'), '.1f')}ms")
+  """One console line: time, env steps and rate, returns, learner, replay, batching."""
+  g = r.get
+  parts = [
+      f"{_fmt(g('elapsed_s'), '6.0f')}s",
+      f"env steps {_fmt(g('env_steps'), ',d')} ({_fmt(g('env_steps_per_s'), ',.0f')}/s)",
+      f"episodes {_fmt(g('episodes'), 'd')}",
+      f"return {_fmt(g('average_return'), '.3f')}",
+      f"eval {_fmt(g('eval_average_return'), '.3f')}",
+      f"learner steps {_fmt(g('learner_steps'), 'd')} ({_fmt(g('learner_steps_per_s'), '.1f')}/s)",
+      f"replay {_fmt(g('replay_size'), 'd')} (+{_fmt(g('replay_inserts'), 'd')}"
+      f" -{_fmt(g('replay_samples'), 'd')})",
+  ]
+  if g('learner_priority_updates') is not None:
+    parts.append(f"priority updates {int(g('learner_priority_updates'))}")
+  parts.append(f"batch fill {_fmt(g('batch_fill'), '.0%')}")
+  parts.append(f"latency {_fmt(g('latency_ms'), '.1f')}ms p99 {_fmt(g('latency_p99_ms'), '.1f')}ms")
+  return ' | '.join(parts)

@@ -20,13 +20,15 @@ instead of memory growing.
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tree
 
 Nest = Any
+# Batch of sequences `[N, length, ...]` -> N (priority, Reverb item) pairs.
+ToItems = Callable[[Nest], Sequence[Tuple[float, Dict[str, Any]]]]
 
 
 class SequenceAssembler:
@@ -105,23 +107,21 @@ class ReverbSequenceWriter:
   """Writes whole sequences as single Reverb items from a background thread."""
 
   def __init__(self, client, table: str,
-               to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
-               priority_fn: Callable[[Dict[str, Any]], float] | None = None,
+               to_items: ToItems,
                max_pending: int = 64, flush_timeout_ms: int = 500):
     """Creates the writer.
 
     Args:
       client: a `reverb.Client`.
       table: name of the table to insert into.
-      to_items: turns a batch of sequences `[N, length, ...]` into N item dicts.
-      priority_fn: item -> priority; 1.0 for every item when None.
+      to_items: turns a batch of sequences `[N, length, ...]` into N
+        `(priority, item)` pairs.
       max_pending: bound of the queue between the inference thread and Reverb.
       flush_timeout_ms: how long one blocking flush waits before re-checking `close`.
     """
     self._client = client
     self._table = table
     self._to_items = to_items
-    self._priority_fn = priority_fn
     self._flush_timeout_ms = flush_timeout_ms
     self._queue: queue.Queue[Dict[str, Any]] = queue.Queue(maxsize=max_pending)
     self._closed = threading.Event()
@@ -136,13 +136,13 @@ class ReverbSequenceWriter:
     """Queues a batch of sequences; blocks while the queue is full (backpressure)."""
     if self.error is not None:
       raise RuntimeError(f'Reverb writer for table {self._table!r} failed') from self.error
-    for item in self._to_items(sequences):
+    for entry in self._to_items(sequences):
       start = time.monotonic()
       while True:
         if self._closed.is_set():
           raise WriterClosedError(f'writer for table {self._table!r} is closed')
         try:
-          self._queue.put(item, timeout=0.1)
+          self._queue.put(entry, timeout=0.1)
           break
         except queue.Full:
           continue
@@ -165,10 +165,9 @@ class ReverbSequenceWriter:
               items.append(self._queue.get_nowait())
             except queue.Empty:
               break
-          for item in items:
+          for priority, item in items:
             writer.append(item)
-            priority = 1.0 if self._priority_fn is None else float(self._priority_fn(item))
-            writer.create_item(self._table, priority,
+            writer.create_item(self._table, float(priority),
                                tree.map_structure(lambda col: col[-1], writer.history))
           self._flush(writer)
           self.items_written += len(items)
@@ -196,10 +195,9 @@ class ReverbSequenceSink:
   """`TrajectorySink` that assembles fixed-length sequences and writes them to Reverb."""
 
   def __init__(self, client, table: str, num_envs: int, length: int, period: int,
-               to_items: Callable[[Nest], Sequence[Dict[str, Any]]],
-               priority_fn: Callable[[Dict[str, Any]], float] | None = None,
+               to_items: ToItems,
                max_pending: int = 64):
-    self.writer = ReverbSequenceWriter(client, table, to_items, priority_fn,
+    self.writer = ReverbSequenceWriter(client, table, to_items,
                                        max_pending=max_pending)
     self.assembler = SequenceAssembler(num_envs, length, period, self.writer.write)
 

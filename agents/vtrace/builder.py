@@ -1,6 +1,6 @@
 """V-trace's builder: a Reverb queue of unrolls, a sampling policy, the V-trace learner."""
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import reverb
@@ -68,7 +68,8 @@ class VTraceBuilder(builder_lib.SeedBuilder):
     return acting.VTracePolicy(networks_, spec, seed=self.config.seed)
 
   @staticmethod
-  def _to_items(sequences: Nest) -> List[Dict[str, Any]]:
+  def _to_items(sequences: Nest) -> List[Tuple[float, Dict[str, Any]]]:
+    """Unrolls as Reverb items; a queue ignores priorities, so all are 1."""
     n = sequences['action'].shape[0]
     state_leaves = tree.flatten(sequences['state'])
     items = []
@@ -81,7 +82,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
               'logits': sequences['extras']['logits'][i]}
       if state_leaves:
         item['initial_state'] = tree.map_structure(lambda x, i=i: x[i, 0], sequences['state'])
-      items.append(item)
+      items.append((1.0, item))
     return items
 
   def make_trajectory_sink(self, replay_client, num_envs: int,

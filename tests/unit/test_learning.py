@@ -1,9 +1,10 @@
-"""The central node in one process: real Reverb server, inference server, V-trace learner.
+"""The central node in one process: real Reverb server, inference server, learners.
 
 No Launchpad here (see tests/integration for the real program): actors are threads
 calling `CentralNode.step` directly. Checks that unrolls reach the Reverb queue with the
 right shapes (feed-forward and LSTM), that learner steps consume them, that a full queue
-blocks inference (backpressure) until the learner catches up, and that returns rise.
+blocks inference (backpressure) until the learner catches up, that returns rise, and
+that R2D2's learner writes new priorities back into its prioritized table.
 """
 
 import threading
@@ -51,9 +52,11 @@ def make_central(tmp_path):
   created = []
 
   def make(agent_config, env='catch', num_actors=2, envs_per_actor=8):
+    """`agent_config`: a VTraceConfig, or any builder."""
     factory = envs.make_factory(env)
     spec = envs.env_spec_of(factory(0))
-    builder = vtrace.VTraceBuilder(agent_config)
+    builder = (vtrace.VTraceBuilder(agent_config)
+               if isinstance(agent_config, vtrace.VTraceConfig) else agent_config)
     server = reverb.Server(builder.make_replay_tables(spec), port=None)
     client = reverb.Client(f'localhost:{server.port}')
     config = ProgramConfig(num_actors=num_actors, envs_per_actor=envs_per_actor,
@@ -144,3 +147,36 @@ def test_returns_rise_on_catch(make_central):
   assert first is not None
   assert summary['average_return'] >= 0.8 > first, (first, summary)
   assert all(a.error is None for a in actors)
+
+
+def _sampled_priorities(client, table, n):
+  out = {}
+  for sample in client.sample(table, num_samples=n, emit_timesteps=False):
+    out[int(sample.info.key)] = float(sample.info.priority)
+  return out
+
+
+@pytest.mark.timeout(120)
+def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
+  from seedacme.agents import r2d2
+  cfg = r2d2.R2D2Config(burn_in=2, trace_length=6, period=4, n_step=3, hidden_sizes=(16,),
+                        lstm_size=16, batch_size=16, min_replay_size=32, replay_size=10_000,
+                        target_update_period=5)
+  central, client, actors, table = make_central(r2d2.R2D2Builder(cfg), num_actors=1,
+                                                envs_per_actor=4)
+  actors[0].start()
+  deadline = time.monotonic() + 60
+  while _table_size(client, table) < 64 and time.monotonic() < deadline:
+    time.sleep(0.05)
+  actors[0].stop.set()  # freeze the table's contents
+  actors[0].join(10)
+  size = _table_size(client, table)
+  before = _sampled_priorities(client, table, 4 * size)
+  assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants
+  for _ in range(5):
+    assert central.learner.step() is not None
+  assert central.learner.priority_updates == 5 * 16
+  after = _sampled_priorities(client, table, 4 * size)
+  changed = [k for k in before.keys() & after.keys() if abs(before[k] - after[k]) > 1e-7]
+  assert changed, 'no sampled item got a new priority'
+  assert _table_size(client, table) == size  # prioritized replay keeps its items

@@ -1,0 +1,62 @@
+"""Hyperparameters of the R2D2 agent (one dataclass; flags live in launchers)."""
+
+import dataclasses
+from typing import Tuple
+
+
+@dataclasses.dataclass
+class R2D2Config:
+  """R2D2 settings (paper defaults in comments; per-env defaults in agents/registry.py).
+
+  Attributes:
+    burn_in: steps replayed only to refresh the LSTM state, no gradient (paper: 40).
+    trace_length: steps trained on after the burn-in (paper: 80).
+    period: steps between starts of consecutive sequences of one env (paper: 40).
+    n_step: n of the n-step double-Q target (paper: 5).
+    discount: gamma (paper: 0.997).
+    hidden_sizes, lstm_size, dueling: the Q-network.
+    learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
+    batch_size: sequences per learner step.
+    target_update_period: learner steps between target-network copies (paper: 2500).
+    value_rescaling_epsilon: epsilon of h(x) = sign(x)(sqrt(|x|+1)-1) + eps x (1e-3).
+    priority_eta: priority = eta max|delta| + (1 - eta) mean|delta| (0.9).
+    priority_exponent: alpha of prioritized sampling (0.9).
+    importance_sampling_exponent: beta of the importance weights (0.6).
+    epsilon_base, epsilon_alpha: Ape-X exploration, eps_i = base^(1 + alpha i/(N-1)).
+    evaluation_epsilon: epsilon of the greedy evaluator's envs.
+    replay_size: sequences kept in the prioritized table.
+    min_replay_size: sequences in the table before sampling starts.
+    samples_per_insert: if set, a SampleToInsertRatio limiter ties acting to learning
+      (blocking inference when actors run ahead); None: only `min_replay_size`.
+    reward_clip: clip rewards to [-reward_clip, reward_clip] in the loss.
+  """
+  burn_in: int = 40
+  trace_length: int = 80
+  period: int = 40
+  n_step: int = 5
+  discount: float = 0.997
+  hidden_sizes: Tuple[int, ...] = (64,)
+  lstm_size: int = 128
+  dueling: bool = True
+  learning_rate: float = 1e-4
+  adam_epsilon: float = 1e-3
+  max_gradient_norm: float | None = 40.0
+  batch_size: int = 32
+  target_update_period: int = 2500
+  value_rescaling_epsilon: float = 1e-3
+  priority_eta: float = 0.9
+  priority_exponent: float = 0.9
+  importance_sampling_exponent: float = 0.6
+  epsilon_base: float = 0.4
+  epsilon_alpha: float = 7.0
+  evaluation_epsilon: float = 0.0
+  replay_size: int = 100_000
+  min_replay_size: int = 1_000
+  samples_per_insert: float | None = None
+  reward_clip: float | None = None
+  seed: int = 0
+
+  @property
+  def sequence_length(self) -> int:
+    """Steps per stored sequence: burn-in + trace + one bootstrap step."""
+    return self.burn_in + self.trace_length + 1

@@ -1,0 +1,112 @@
+"""The R2D2 learner step: prioritized sequences -> burn-in -> n-step double-Q -> Adam,
+then new priorities back to Reverb and a periodic target-network copy."""
+
+from typing import Dict
+
+import dm_env
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+
+from seedacme.agents.r2d2 import losses
+from seedacme.agents.r2d2.config import R2D2Config
+from seedacme.builder import Learner
+from seedacme.datasets import ReverbBatches
+
+_FIRST = int(dm_env.StepType.FIRST)
+_LAST = int(dm_env.StepType.LAST)
+
+
+def _time_major(x: tf.Tensor) -> tf.Tensor:
+  return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+
+
+def importance_weights(probabilities: tf.Tensor, table_size: tf.Tensor,
+                       exponent: float) -> tf.Tensor:
+  """(N p_i)^-beta, normalised by the batch maximum (Schaul et al., 2016)."""
+  w = tf.pow(tf.cast(table_size, tf.float64) * tf.cast(probabilities, tf.float64), -exponent)
+  return tf.cast(w / tf.reduce_max(w), tf.float32)
+
+
+def sequence_loss(network: snt.Module, target_network: snt.Module,
+                  batch: Dict[str, tf.Tensor], weights: tf.Tensor, config: R2D2Config):
+  """Loss and priorities of a batch of sequences (batch-major, as stored in Reverb)."""
+  observation = _time_major(batch['observation'])
+  step_type = _time_major(batch['step_type'])
+  first = tf.equal(step_type, _FIRST)
+  state = batch['initial_state']
+  target_state = state
+  b = config.burn_in
+  if b:
+    # Burn-in: refresh the stored (stale) state; no gradient flows through it.
+    _, state = network.unroll(observation[:b], first[:b], state)
+    _, target_state = target_network.unroll(observation[:b], first[:b], target_state)
+    state = tf.nest.map_structure(tf.stop_gradient, state)
+  online_q, _ = network.unroll(observation[b:], first[b:], state)
+  target_q, _ = target_network.unroll(observation[b:], first[b:], target_state)
+  rewards = tf.cast(_time_major(batch['reward'])[b + 1:], tf.float32)
+  if config.reward_clip is not None:
+    rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
+  discounts = config.discount * tf.cast(_time_major(batch['discount'])[b + 1:], tf.float32)
+  mask = tf.not_equal(step_type[b:-1], _LAST)
+  actions = _time_major(batch['action'])[b:-1]
+  return losses.r2d2_loss(online_q, tf.stop_gradient(target_q), actions, rewards, discounts,
+                          mask, weights, config.n_step, config.priority_eta,
+                          config.value_rescaling_epsilon)
+
+
+class R2D2Learner(Learner):
+  """SGD on prioritized sequences; shares `network` with the inference server."""
+
+  def __init__(self, network: snt.Module, target_network: snt.Module, config: R2D2Config,
+               batches: ReverbBatches | None, replay_client=None, table: str = ''):
+    self._network = network
+    self._target_network = target_network
+    self._config = config
+    self._batches = batches
+    self._client = replay_client
+    self._table = table
+    self._optimizer = snt.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
+    self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.priority_updates = 0
+    self._train = tf.function(self._train_step, experimental_relax_shapes=True)
+    self.update_target()
+
+  def update_target(self) -> None:
+    for target, source in zip(self._target_network.variables, self._network.variables):
+      target.assign(source)
+
+  def _train_step(self, batch, weights):
+    with tf.GradientTape() as tape:
+      loss, priorities, metrics = sequence_loss(self._network, self._target_network, batch,
+                                                weights, self._config)
+    variables = self._network.trainable_variables
+    grads = tape.gradient(loss, variables)
+    if self._config.max_gradient_norm:
+      grads, _ = tf.clip_by_global_norm(grads, self._config.max_gradient_norm)
+    self._optimizer.apply(grads, variables)
+    self.num_steps.assign_add(1)
+    return priorities, metrics
+
+  def train_on(self, info, batch) -> Dict[str, float]:
+    """One SGD step on a sampled batch; writes the new priorities back to the table."""
+    weights = importance_weights(info.probability, info.table_size,
+                                 self._config.importance_sampling_exponent)
+    priorities, metrics = self._train(batch, weights)
+    if self._client is not None:
+      keys = info.key.numpy()
+      self._client.mutate_priorities(
+          self._table, updates=dict(zip(keys.tolist(), priorities.numpy().tolist())))
+      self.priority_updates += len(keys)
+    if int(self.num_steps.numpy()) % self._config.target_update_period == 0:
+      self.update_target()
+    out = {k: float(np.asarray(v)) for k, v in metrics.items()}
+    out['priority_updates'] = float(self.priority_updates)
+    return out
+
+  def step(self) -> Dict[str, float] | None:
+    sample = self._batches.next()
+    if sample is None:
+      return None
+    info, batch = sample
+    return self.train_on(info, batch)
