@@ -182,8 +182,10 @@ class CentralNode:
       self._progress.write_summary(final)
       logging.info('Central node stopping (%s): %s', final['stopped_because'],
                    format_line(final))
-      self.server.close()
+      # Sink first: an inference batch blocked on a full table fails at once, so the
+      # batcher can stop without waiting out its timeout.
       self._sink.close()
+      self.server.close()
       self.learner.close()
     if self._learner_error is not None:
       raise self._learner_error

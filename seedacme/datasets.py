@@ -48,6 +48,10 @@ class ReverbBatches:
     dataset = dataset.batch(self._batch_size, drop_remainder=False)
     return iter(dataset.prefetch(self._prefetch))
 
+  def close(self) -> None:
+    """Drops the iterator and with it the sampling streams to the server."""
+    self._iterator = None
+
   def next(self) -> Any | None:
     """The next batch (possibly smaller than batch_size when data ran short) or None."""
     if self._iterator is None:

@@ -153,28 +153,38 @@ class ReverbSequenceWriter:
     return self._queue.qsize()
 
   def _loop(self) -> None:
+    # No `with`: the context manager's exit flushes without a timeout, which would hang
+    # shutdown while the table is full.
+    writer = None
     try:
-      with self._client.trajectory_writer(num_keep_alive_refs=1) as writer:
-        while not self._closed.is_set():
+      writer = self._client.trajectory_writer(num_keep_alive_refs=1)
+      while not self._closed.is_set():
+        try:
+          items = [self._queue.get(timeout=0.1)]
+        except queue.Empty:
+          continue
+        while len(items) < 32:
           try:
-            items = [self._queue.get(timeout=0.1)]
+            items.append(self._queue.get_nowait())
           except queue.Empty:
-            continue
-          while len(items) < 32:
-            try:
-              items.append(self._queue.get_nowait())
-            except queue.Empty:
-              break
-          for priority, item in items:
-            writer.append(item)
-            writer.create_item(self._table, float(priority),
-                               tree.map_structure(lambda col: col[-1], writer.history))
-          self._flush(writer)
-          self.items_written += len(items)
+            break
+        for priority, item in items:
+          writer.append(item)
+          writer.create_item(self._table, float(priority),
+                             tree.map_structure(lambda col: col[-1], writer.history))
+        self._flush(writer)
+        self.items_written += len(items)
     except BaseException as e:  # pylint: disable=broad-except
       if not self._closed.is_set():
         logging.exception('Reverb writer for table %r failed', self._table)
         self.error = e
+    finally:
+      if writer is not None:
+        try:
+          writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
+        except Exception:  # pylint: disable=broad-except
+          pass
+        writer.close()
 
   def _flush(self, writer) -> None:
     while not self._closed.is_set():

@@ -110,3 +110,7 @@ class R2D2Learner(Learner):
       return None
     info, batch = sample
     return self.train_on(info, batch)
+
+  def close(self) -> None:
+    if self._batches is not None:
+      self._batches.close()

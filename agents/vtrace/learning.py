@@ -94,3 +94,7 @@ class VTraceLearner(Learner):
     if batch is None:
       return None
     return self.train_on(batch)
+
+  def close(self) -> None:
+    if self._batches is not None:
+      self._batches.close()

@@ -71,8 +71,9 @@ def make_central(tmp_path):
   yield make
   for server, central, actors, stop in created:
     stop.set()
-    central.server.close()
     central._sink.close()  # noqa: SLF001
+    central.server.close()
+    central.learner.close()
     for a in actors:
       a.join(5)
     server.stop()
