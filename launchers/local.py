@@ -19,6 +19,7 @@ import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
 from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
+from seedacme.curves import write_curves
 from seedacme.progress import format_line
 
 
@@ -45,6 +46,9 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       help='default: ./runs/<env>_<agent>_<time>')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
+  parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
+                      help='checkpoint period; a rerun with the same --logdir resumes '
+                      '(0: no checkpoints)')
   return parser.parse_args(argv)
 
 
@@ -58,6 +62,31 @@ def _tail_progress(path: str, offset: int):
   end = data.rfind('\n') + 1
   records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
   return records, offset + end
+
+
+class _Console:
+  """One progress line, redrawn in place on a terminal; plain lines otherwise."""
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._tty = stream.isatty()
+    self._open = False
+
+  def progress(self, line: str) -> None:
+    if self._tty:
+      self._stream.write('\r\x1b[2K' + line)
+      self._open = True
+    else:
+      self._stream.write(line + '\n')
+    self._stream.flush()
+
+  def event(self, line: str) -> None:
+    if self._open:
+      self._stream.write('\n')
+      self._open = False
+    if line:
+      self._stream.write(line + '\n')
+    self._stream.flush()
 
 
 def _sample_node_memory(logdir: str, peak: Dict[str, float]) -> None:
@@ -100,10 +129,12 @@ def main(argv: List[str] | None = None) -> int:
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,
       target_on=args.target_on,
-      logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed)
-  for path in ('progress.jsonl', 'summary.json'):
-    if os.path.exists(os.path.join(logdir, path)):
-      os.remove(os.path.join(logdir, path))
+      logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
+      checkpoint_interval_s=args.checkpoint_interval_s or None)
+  # A rerun with the same logdir resumes: progress.jsonl keeps growing (the curve spans
+  # every run); only the previous summary goes.
+  if os.path.exists(os.path.join(logdir, 'summary.json')):
+    os.remove(os.path.join(logdir, 'summary.json'))
 
   print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
         f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs; '
@@ -127,15 +158,19 @@ def main(argv: List[str] | None = None) -> int:
   waiter = threading.Thread(target=wait, daemon=True)
   waiter.start()
   progress_path = os.path.join(logdir, 'progress.jsonl')
-  offset = 0
+  offset = os.path.getsize(progress_path) if os.path.exists(progress_path) else 0
+  console = _Console(sys.stdout)
   peak_rss: Dict[str, float] = {}
   while waiter.is_alive():
     waiter.join(0.5)
     _sample_node_memory(logdir, peak_rss)
     records, offset = _tail_progress(progress_path, offset)
     for record in records:
-      print(format_line(record), flush=True)
-  print()  # Launchpad's shutdown countdown ends without a newline.
+      if 'event' in record:
+        console.event(f"seedacme: {record['event']}")
+      else:
+        console.progress(format_line(record))
+  console.event('')  # Launchpad's shutdown countdown ends without a newline.
   with open(os.path.join(logdir, 'memory.json'), 'w') as f:
     json.dump({'peak_rss_mb': peak_rss}, f, indent=1)
 
@@ -156,6 +191,11 @@ def main(argv: List[str] | None = None) -> int:
   if peak_rss:
     print('seedacme: peak RSS per node (MB): ' + ', '.join(
         f'{node} {mb:.0f}' for node, mb in sorted(peak_rss.items())))
+  try:
+    curves = write_curves(logdir, title=f'{args.agent} on {args.env}')
+    print(f"seedacme: learning curve {curves['png']} and {curves['csv']}")
+  except Exception as e:  # pylint: disable=broad-except
+    print(f'seedacme: could not write the learning curve: {e}', file=sys.stderr)
   ret = summary.get('average_return')
   eval_ret = summary.get('eval_average_return')
   print(f'seedacme: final average return {ret if ret is None else round(ret, 3)} '

@@ -119,7 +119,7 @@ class EnvActor:
     ts = self._envs.reset()
     last_count = last_log = time.monotonic()
     steps_unreported = episodes_unreported = 0
-    recent = []
+    recent, recent_lengths = [], []
     while not self._stop.is_set():
       if self._max_steps is not None and self.steps >= self._max_steps:
         break
@@ -133,6 +133,7 @@ class EnvActor:
       steps_unreported += len(self.env_ids)
       episodes_unreported += len(finished.returns)
       recent.extend(finished.returns)
+      recent_lengths.extend(finished.lengths)
       self.episode_returns.extend(finished.returns)
       now = time.monotonic()
       if self._counter is not None and now - last_count >= self._counter_interval_s:
@@ -143,10 +144,11 @@ class EnvActor:
         last_count = now
       if now - last_log >= self._log_interval_s:
         logging.info('%s %d: %d steps x %d envs, %d episodes in the last %.0fs, '
-                     'average return %.3f', kind, self._actor_id, self.steps,
-                     len(self.env_ids), len(recent), now - last_log,
-                     float(np.mean(recent)) if recent else float('nan'))
-        recent = []
+                     'average return %.3f, average length %.1f', kind, self._actor_id,
+                     self.steps, len(self.env_ids), len(recent), now - last_log,
+                     float(np.mean(recent)) if recent else float('nan'),
+                     float(np.mean(recent_lengths)) if recent_lengths else float('nan'))
+        recent, recent_lengths = [], []
         last_log = now
     self._envs.close()
     logging.info('%s %d stopped after %d steps; peak RSS %.0f MB; tensorflow imported: %s',

@@ -47,6 +47,11 @@ class Learner(abc.ABC):
   def step(self) -> Dict[str, float] | None:
     """One SGD step; returns its metrics, or None if no data arrived in time."""
 
+  @abc.abstractmethod
+  def checkpoint_state(self) -> Dict[str, Any]:
+    """Everything trained that a restart must not lose: networks, optimizer, counters
+    (TF trackables; saved with `tf.train.Checkpoint`)."""
+
   def close(self) -> None:
     """Releases datasets and threads."""
 
@@ -76,3 +81,7 @@ class SeedBuilder(abc.ABC):
   @abc.abstractmethod
   def make_learner(self, networks: Any, replay_client: Any, spec: EnvSpec) -> Learner:
     """The learner, sharing `networks` (and so the variables) with the policy."""
+
+  def policy_network(self, networks: Any) -> Any:
+    """The network the policy acts with (exported as a SavedModel)."""
+    return networks

@@ -6,6 +6,7 @@ program's budget. Both use the same network objects, so inference always runs th
 latest parameters and no parameters cross the network.
 """
 
+import os
 import threading
 import time
 from typing import Any, Callable, Dict
@@ -13,6 +14,7 @@ from typing import Any, Callable, Dict
 from absl import logging
 
 from seedacme.builder import SeedBuilder
+from seedacme.checkpointing import Checkpointer, export_policy
 from seedacme.config import ProgramConfig
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
@@ -52,8 +54,23 @@ class CentralNode:
     self.learner_steps = 0
     self.last_metrics: Dict[str, float] = {}
     self.last_record: Dict[str, Any] = {}
+    self._spec = spec
+    self._checkpointer = None
+    self.resumed_from: int | None = None
+    if config.checkpoint_interval_s is not None:
+      self._checkpointer = Checkpointer(os.path.join(config.logdir, 'checkpoints'),
+                                        self.learner.checkpoint_state(),
+                                        config.checkpoint_interval_s)
+      restored = self._checkpointer.restore()
+      if restored is not None:
+        self.resumed_from = restored['learner_steps']
+        self.learner_steps = restored['learner_steps']
+        self.server.env_steps = restored['env_steps']
+        self.server.episodes.episodes[False] = restored['episodes']
+        self._progress.log_event(f'resumed from checkpoint at learner step '
+                                 f'{self.learner_steps}, env step {self.server.env_steps}')
     self._start = time.monotonic()
-    self._last = (self._start, 0, 0)  # time, env steps, learner steps
+    self._last = (self._start, self.server.env_steps, self.learner_steps)
     logging.info('Central node ready: %d envs (%d training), batch of %d envs, '
                  'timeout %.1f ms', config.num_envs, config.num_train_envs,
                  self.server.max_batch_envs, config.inference_timeout_ms)
@@ -126,6 +143,19 @@ class CentralNode:
         return f'{prefix}average return {value:.3f} >= target {c.target_return}'
     return None
 
+  def _counters(self) -> Dict[str, int]:
+    return {'learner_steps': self.learner_steps, 'env_steps': self.server.env_steps,
+            'episodes': self.server.episodes.episodes[False]}
+
+  def _finish_run(self) -> None:
+    """At the budget: last checkpoint and the policy as a SavedModel."""
+    if self._checkpointer is not None:
+      self._checkpointer.save(self._counters())
+    if self._config.export_policy:
+      path = os.path.join(self._config.logdir, 'saved_model')
+      export_policy(self._builder.policy_network(self.networks), self._spec, path)
+      logging.info('Exported the policy to %s', path)
+
   def _learn(self) -> None:
     """The learner loop (a background thread): SGD steps, progress records, budget."""
     next_progress = time.monotonic() + self._config.progress_interval_s
@@ -141,6 +171,8 @@ class CentralNode:
           next_progress = time.monotonic() + self._config.progress_interval_s
           self.last_record = self._record()
           self._progress.write(self.last_record)
+          if self._checkpointer is not None:
+            self._checkpointer.maybe_save(self._counters())
           self._budget_reason = self._budget_reached(self.last_record)
     except BaseException as e:  # pylint: disable=broad-except
       logging.exception('Learner failed')
@@ -169,6 +201,7 @@ class CentralNode:
         # Ask the launcher to stop every node; keep serving until our own stop signal
         # arrives so actors are not left retrying against a closed server.
         logging.info('Budget reached (%s): stopping the program', reason)
+        self._finish_run()
         self._stop_program()
         self._stop.wait(60)
     finally:
@@ -176,9 +209,12 @@ class CentralNode:
       learner_thread.join(3)
       if learner_thread.is_alive():
         logging.warning('Learner thread still blocked after 3s; exiting without it')
+      elif self._checkpointer is not None and not self._budget_reason:
+        self._checkpointer.save(self._counters())  # Stopped early: keep what was learned.
       final = self._record()
       final['stopped_because'] = self._budget_reason or (
           'learner failed' if self._learner_error else 'stop requested')
+      final['resumed_from_learner_step'] = self.resumed_from
       self._progress.write_summary(final)
       logging.info('Central node stopping (%s): %s', final['stopped_because'],
                    format_line(final))

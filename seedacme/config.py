@@ -22,6 +22,9 @@ class ProgramConfig:
     logdir: progress.jsonl, summary.json, TensorBoard events.
     progress_interval_s: period of progress records.
     seed: base seed of envs.
+    checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
+      resume from there on restart (None: no checkpoints).
+    export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -36,6 +39,8 @@ class ProgramConfig:
   logdir: str = '/tmp/seedacme'
   progress_interval_s: float = 5.0
   seed: int = 0
+  checkpoint_interval_s: float | None = 60.0
+  export_policy: bool = True
 
   @property
   def num_train_envs(self) -> int:

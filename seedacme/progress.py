@@ -48,6 +48,12 @@ class ProgressWriter:
     self._tb().flush()
     logging.info('progress: %s', format_line(record))
 
+  def log_event(self, message: str) -> None:
+    """A one-off event in the progress file (shown by the launcher)."""
+    with open(self._path, 'a') as f:
+      f.write(json.dumps({'event': message}) + '\n')
+    logging.info('%s', message)
+
   def write_summary(self, record: Dict[str, Any]) -> None:
     with open(os.path.join(self._logdir, 'summary.json'), 'w') as f:
       json.dump({k: _finite(v) for k, v in record.items()}, f, indent=1)

@@ -104,6 +104,9 @@ class R2D2Builder(builder_lib.SeedBuilder):
         replay_client, self.table, num_envs, length=self.config.sequence_length,
         period=self.config.period, to_items=self._to_items)
 
+  def policy_network(self, networks_: R2D2Networks) -> snt.Module:
+    return networks_.online
+
   def make_learner(self, networks_: R2D2Networks, replay_client,
                    spec: EnvSpec) -> learning.R2D2Learner:
     del spec

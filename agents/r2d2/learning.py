@@ -1,7 +1,7 @@
 """The R2D2 learner step: prioritized sequences -> burn-in -> n-step double-Q -> Adam,
 then new priorities back to Reverb and a periodic target-network copy."""
 
-from typing import Dict
+from typing import Any, Dict
 
 import dm_env
 import numpy as np
@@ -71,6 +71,10 @@ class R2D2Learner(Learner):
     self.priority_updates = 0
     self._train = tf.function(self._train_step, experimental_relax_shapes=True)
     self.update_target()
+
+  def checkpoint_state(self) -> Dict[str, Any]:
+    return {'network': self._network, 'target_network': self._target_network,
+            'optimizer': self._optimizer, 'num_steps': self.num_steps}
 
   def update_target(self) -> None:
     for target, source in zip(self._target_network.variables, self._network.variables):

@@ -1,6 +1,6 @@
 """The V-trace learner step: unrolls from the Reverb queue -> V-trace loss -> Adam."""
 
-from typing import Dict
+from typing import Any, Dict
 
 import dm_env
 import numpy as np
@@ -70,6 +70,10 @@ class VTraceLearner(Learner):
   @property
   def optimizer(self) -> snt.Optimizer:
     return self._optimizer
+
+  def checkpoint_state(self) -> Dict[str, Any]:
+    return {'network': self._network, 'optimizer': self._optimizer,
+            'num_steps': self.num_steps}
 
   def _train_step(self, batch):
     with tf.GradientTape() as tape:

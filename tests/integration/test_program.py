@@ -90,3 +90,40 @@ def test_vtrace_solves_cartpole(tmp_path):
   summary = run.json('summary.json')
   assert 'target' in summary['stopped_because'], summary
   assert summary['average_return'] >= 475
+
+
+@pytest.mark.timeout(360)
+def test_r2d2_solves_catch_with_priority_updates(tmp_path):
+  run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
+             '--target_on', 'eval', '--progress_interval_s', '3'], str(tmp_path))
+  try:
+    code = run.wait(330)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers
+  summary = run.json('summary.json')
+  assert 'eval_average return' in summary['stopped_because'], summary
+  assert summary['eval_average_return'] >= 0.9
+  records = run.progress()
+  # Replay fills, is sampled, and the learner writes priorities back -- all visible.
+  assert records[-1]['replay_size'] > 0 and records[-1]['replay_samples'] > 0
+  updates = [r.get('learner_priority_updates') or 0 for r in records]
+  assert updates[-1] > 0 and updates == sorted(updates)
+  assert 'priority updates' in run.output
+  assert 'tensorflow imported: False' in run.node_log('actor/0')
+
+
+@pytest.mark.skipif(not os.environ.get('SEEDACME_SLOW_TESTS'),
+                    reason='about 3-5 minutes; set SEEDACME_SLOW_TESTS=1')
+@pytest.mark.timeout(600)
+def test_r2d2_solves_cartpole_greedy(tmp_path):
+  run = Run(['cartpole', 'r2d2', '2', '16', '--max_seconds', '480', '--target_return', '475',
+             '--target_on', 'eval'], str(tmp_path))
+  try:
+    code = run.wait(560)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers
+  assert run.json('summary.json')['eval_average_return'] >= 475
