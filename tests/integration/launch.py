@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 
@@ -39,9 +39,9 @@ def leftover_processes(tag: str) -> List[int]:
 class Run:
   """A launched program: its process, logdir and what it printed."""
 
-  def __init__(self, args: List[str], workdir: str):
+  def __init__(self, args: List[str], workdir: str, logdir: Optional[str] = None):
     self.tag = uuid.uuid4().hex
-    self.logdir = os.path.join(workdir, 'logdir')
+    self.logdir = logdir or os.path.join(workdir, 'logdir')
     tmp = os.path.join(workdir, 'tmp')
     home = os.path.join(workdir, 'home')
     os.makedirs(tmp, exist_ok=True)
@@ -84,7 +84,8 @@ class Run:
     if not os.path.exists(path):
       return []
     with open(path) as f:
-      return [json.loads(line) for line in f if line.endswith('\n')]
+      records = [json.loads(line) for line in f if line.endswith('\n')]
+    return [r for r in records if 'event' not in r]
 
   def json(self, name: str) -> Dict | None:
     path = os.path.join(self.logdir, name)

@@ -127,3 +127,53 @@ def test_r2d2_solves_cartpole_greedy(tmp_path):
   assert code == 0, run.output[-3000:]
   assert not leftovers
   assert run.json('summary.json')['eval_average_return'] >= 475
+
+
+def _checkpointed_learner_step(logdir):
+  import tensorflow as tf
+  path = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  if path is None:
+    return None
+  return int(tf.train.load_variable(path, 'learner_steps/.ATTRIBUTES/VARIABLE_VALUE'))
+
+
+@pytest.mark.timeout(420)
+def test_killed_run_resumes_from_its_checkpoint(tmp_path):
+  logdir = str(tmp_path / 'logdir')
+  first = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '600', '--checkpoint_interval_s',
+               '2', '--progress_interval_s', '1'], str(tmp_path / 'first'), logdir=logdir)
+  try:
+    deadline = time.monotonic() + 180
+    saved = None
+    while time.monotonic() < deadline and first.proc.poll() is None:
+      saved = _checkpointed_learner_step(logdir)
+      if saved:
+        break
+      time.sleep(1)
+    assert saved, 'no checkpoint was written\n' + first.output[-3000:]
+  finally:
+    first.kill()  # SIGKILL every process: a lost machine, no shutdown handlers run
+  assert not first.wait_for_no_leftovers()
+  saved = _checkpointed_learner_step(logdir)  # the last one written before the kill
+
+  second = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '300', '--max_learner_steps',
+                str(saved + 20), '--progress_interval_s', '1'], str(tmp_path / 'second'),
+               logdir=logdir)
+  try:
+    code = second.wait(330)
+  finally:
+    leftovers = second.wait_for_no_leftovers()
+  assert code == 0, second.output[-3000:]
+  assert not leftovers
+  assert f'resumed from checkpoint at learner step {saved}' in second.output
+  summary = second.json('summary.json')
+  assert summary['resumed_from_learner_step'] == saved
+  assert summary['learner_steps'] >= saved + 20
+  assert 'reached' in summary['stopped_because'] and 'learner steps' in summary['stopped_because']
+  # The curve spans both runs and the learner never went back to step 0.
+  steps = [r['learner_steps'] for r in second.progress()]
+  restarts = [i for i in range(1, len(steps)) if steps[i] < steps[i - 1]]
+  assert all(steps[i] >= saved for i in restarts), (saved, steps)
+  assert os.path.exists(os.path.join(logdir, 'curve.png'))
+  assert os.path.exists(os.path.join(logdir, 'curve.csv'))
+  assert os.path.isdir(os.path.join(logdir, 'saved_model'))
