@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 
@@ -39,7 +39,7 @@ def leftover_processes(tag: str) -> List[int]:
 class Run:
   """A launched program: its process, logdir and what it printed."""
 
-  def __init__(self, args: List[str], workdir: str, logdir: Optional[str] = None):
+  def __init__(self, args: List[str], workdir: str, logdir: str | None = None):
     self.tag = uuid.uuid4().hex
     self.logdir = logdir or os.path.join(workdir, 'logdir')
     tmp = os.path.join(workdir, 'tmp')
