@@ -52,9 +52,15 @@ def _make_cartpole(seed: int, max_episode_steps: int = 500) -> dm_env.Environmen
                                     max_episode_steps=max_episode_steps)
 
 
+def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_env.Environment:
+  from seedacme.envs import dmlab
+  return dmlab.make_dmlab(seed, level=level)
+
+
 _FACTORIES = {
     'catch': _make_catch,
     'cartpole': _make_cartpole,
+    'dmlab': _make_dmlab,
 }
 ENV_NAMES = tuple(sorted(_FACTORIES))
 

@@ -45,6 +45,8 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--logdir', default=None,
                       help='default: ./runs/<env>_<agent>_<time>')
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--level', default=None,
+                      help='DMLab level (a DMLab-30 name or a level script path)')
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
@@ -117,10 +119,16 @@ def main(argv: List[str] | None = None) -> int:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
-  factory = envs.make_factory(args.env)
-  probe = factory(args.seed)
+  env_kwargs = {'level': args.level} if args.level else {}
+  factory = envs.make_factory(args.env, **env_kwargs)
+  try:
+    probe = factory(args.seed)
+  except ImportError as e:  # an environment that needs a module built by the user
+    print(f'seedacme: cannot create {args.env!r}: {e}', file=sys.stderr)
+    return 2
   spec = envs.env_spec_of(probe)
-  probe.close() if hasattr(probe, 'close') else None
+  if hasattr(probe, 'close'):
+    probe.close()
   builder = agents.make_builder(args.agent, args.env)
   config = ProgramConfig(
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
