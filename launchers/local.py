@@ -41,6 +41,9 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       help='which return --target_return watches: training episodes '
                       '(last 100) or the greedy evaluator (last 20)')
   parser.add_argument('--num_eval_envs', type=int, default=4)
+  parser.add_argument('--eval_interval_s', type=float, default=0.0,
+                      help='evaluate --eval_episodes greedy episodes this often (0: always)')
+  parser.add_argument('--eval_episodes', type=int, default=20)
   parser.add_argument('--inference_timeout_ms', type=float, default=2.0)
   parser.add_argument('--logdir', default=None,
                       help='default: ./runs/<env>_<agent>_<time>')
@@ -132,7 +135,8 @@ def main(argv: List[str] | None = None) -> int:
   builder = agents.make_builder(args.agent, args.env)
   config = ProgramConfig(
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
-      num_eval_envs=args.num_eval_envs, inference_timeout_ms=args.inference_timeout_ms,
+      num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,
+      eval_episodes=args.eval_episodes, inference_timeout_ms=args.inference_timeout_ms,
       max_seconds=args.max_seconds or None,
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,

@@ -48,6 +48,7 @@ class EnvActor:
                num_envs: int, first_env_id: int, counter: Any = None,
                greedy: bool = False, seed: int = 0, max_steps: int | None = None,
                counter_interval_s: float = 2.0, log_interval_s: float = 30.0,
+               eval_interval_s: float = 0.0, eval_episodes: int = 20,
                stop_event: threading.Event | None = None):
     """Creates the actor.
 
@@ -62,6 +63,9 @@ class EnvActor:
       greedy: act greedily and keep out of training data (evaluator).
       seed: env seeds are seed + i.
       max_steps: stop after this many batched steps (None: until stopped).
+      eval_interval_s, eval_episodes: evaluation schedule (greedy actors only): every
+        `eval_interval_s`, play until `eval_episodes` more episodes have finished,
+        then idle. 0: evaluate continuously.
       counter_interval_s, log_interval_s: reporting periods.
       stop_event: set to stop; default is Launchpad's stop event.
     """
@@ -71,6 +75,8 @@ class EnvActor:
     self._counter = counter
     self._greedy = greedy
     self._max_steps = max_steps
+    self._eval_interval_s = eval_interval_s if greedy else 0.0
+    self._eval_episodes = eval_episodes
     self._counter_interval_s = counter_interval_s
     self._log_interval_s = log_interval_s
     self._stop = stop_event
@@ -120,7 +126,13 @@ class EnvActor:
     last_count = last_log = time.monotonic()
     steps_unreported = episodes_unreported = 0
     recent, recent_lengths = [], []
+    round_start, round_episodes = time.monotonic(), 0
     while not self._stop.is_set():
+      if self._eval_interval_s and round_episodes >= self._eval_episodes:
+        # Evaluation round done: idle until the next one is due.
+        if self._stop.wait(max(0.0, round_start + self._eval_interval_s - time.monotonic())):
+          break
+        round_start, round_episodes = time.monotonic(), 0
       if self._max_steps is not None and self.steps >= self._max_steps:
         break
       request = protocol.make_request(self.env_ids, run_ids, ts.observation, ts.reward,
@@ -133,6 +145,7 @@ class EnvActor:
       steps_unreported += len(self.env_ids)
       episodes_unreported += len(finished.returns)
       recent.extend(finished.returns)
+      round_episodes += len(finished.returns)
       recent_lengths.extend(finished.lengths)
       self.episode_returns.extend(finished.returns)
       now = time.monotonic()

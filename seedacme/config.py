@@ -11,6 +11,9 @@ class ProgramConfig:
     num_actors: env-only actor processes.
     envs_per_actor: K, envs each actor steps per inference call.
     num_eval_envs: envs of the greedy evaluator node (0: no evaluator).
+    eval_interval_s: the evaluator plays `eval_episodes` episodes every this many
+      seconds and idles in between (0: it plays continuously).
+    eval_episodes: episodes per evaluation round.
     inference_batch_envs: run the policy once this many envs wait (None: all
       training envs, i.e. one request from every actor).
     inference_timeout_ms: ... or this long after the first request of a batch.
@@ -29,6 +32,8 @@ class ProgramConfig:
   num_actors: int = 2
   envs_per_actor: int = 16
   num_eval_envs: int = 4
+  eval_interval_s: float = 0.0
+  eval_episodes: int = 20
   inference_batch_envs: int | None = None
   inference_timeout_ms: float = 2.0
   max_learner_steps: int | None = None

@@ -95,7 +95,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
       program.add_node(lp.PyClassNode(
           EnvActor, inference=learner, env_factory=env_factory, actor_id=0,
           num_envs=config.num_eval_envs, first_env_id=config.num_train_envs,
-          counter=counter, greedy=True, seed=config.seed + 10**6))
+          counter=counter, greedy=True, seed=config.seed + 10**6,
+          eval_interval_s=config.eval_interval_s, eval_episodes=config.eval_episodes))
   return program
 
 
