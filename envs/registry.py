@@ -57,7 +57,13 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
   return dmlab.make_dmlab(seed, level=level)
 
 
+def _make_atari(seed: int, game: str = 'Pong', **kwargs) -> dm_env.Environment:
+  from seedacme.envs import atari
+  return atari.make_atari(seed, game=game, **kwargs)
+
+
 _FACTORIES = {
+    'atari': _make_atari,
     'catch': _make_catch,
     'cartpole': _make_cartpole,
     'dmlab': _make_dmlab,

@@ -48,6 +48,7 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--logdir', default=None,
                       help='default: ./runs/<env>_<agent>_<time>')
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--game', default=None, help='Atari game (default Pong)')
   parser.add_argument('--level', default=None,
                       help='DMLab level (a DMLab-30 name or a level script path)')
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
@@ -122,7 +123,7 @@ def main(argv: List[str] | None = None) -> int:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
-  env_kwargs = {'level': args.level} if args.level else {}
+  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
   factory = envs.make_factory(args.env, **env_kwargs)
   try:
     probe = factory(args.seed)

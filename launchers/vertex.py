@@ -1,0 +1,273 @@
+"""`launchers/vertex`: the same SEED program as a distributed Vertex AI job.
+
+    python -m seedacme.launchers.vertex atari vtrace 64 --accelerator V100 --dry_run
+
+Launchpad 0.5.0 launches `vertex_ai` programs through xmanager (optional extra:
+`pip install -r requirements/vertex.txt -c requirements/constraints.txt`). Every node
+group becomes a `python:3.10` image built from this repository and
+`requirements/lock.txt`; nodes with identical hardware share a worker pool. Vertex AI
+allows at most 4 worker pools and the first must have exactly one replica.
+
+`--dry_run` needs no xmanager and no cloud credentials: it builds the real program,
+derives the job plan exactly as Launchpad will (pools, replicas, images, hardware),
+validates it and prints it. Without `--dry_run` it also checks the GCP setup
+(GOOGLE_CLOUD_BUCKET_NAME, credentials) and launches.
+"""
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import sys
+from typing import Dict, List, Sequence
+
+import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
+from seedacme import envs
+from seedacme.agents import registry as agents
+from seedacme.config import ProgramConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE_IMAGE = 'python:3.10'
+MAX_WORKER_POOLS = 4
+GPUS = ('T4', 'P4', 'P100', 'V100', 'A100', 'L4')
+TPUS = ('TPU_V2', 'TPU_V3')
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """What one node of a group gets."""
+  cpu: int
+  memory_gb: int
+  accelerator: str | None = None
+  accelerator_count: int = 0
+
+  def describe(self) -> str:
+    acc = f' + {self.accelerator_count} x {self.accelerator}' if self.accelerator else ''
+    return f'{self.cpu} vCPU, {self.memory_gb} GiB{acc}'
+
+
+@dataclasses.dataclass
+class WorkerPool:
+  """One Vertex AI worker pool: replicas sharing an image and hardware."""
+  name: str
+  nodes: List[str]  # node labels, e.g. ['actor/0', 'actor/1', ...]
+  hardware: Hardware
+  image: str
+  requirements: str
+  code_directory: str
+
+  @property
+  def replicas(self) -> int:
+    return len(self.nodes)
+
+  def groups(self) -> Dict[str, int]:
+    return dict(collections.Counter(n.split('/')[0] for n in self.nodes))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog='launchers/vertex', description=__doc__.split('\n')[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument('env', choices=envs.ENV_NAMES)
+  p.add_argument('agent', choices=agents.AGENT_NAMES)
+  p.add_argument('num_actors', type=int)
+  p.add_argument('envs_per_actor', type=int, nargs='?', default=32)
+  p.add_argument('--dry_run', action='store_true',
+                 help='build, validate and print the job plan; launch nothing')
+  p.add_argument('--accelerator', default='V100', choices=('none',) + GPUS + TPUS,
+                 help='accelerator of the central inference/learner node')
+  p.add_argument('--accelerator_count', type=int, default=1)
+  p.add_argument('--learner_cpu', type=int, default=8)
+  p.add_argument('--learner_memory_gb', type=int, default=32)
+  p.add_argument('--actor_cpu', type=int, default=4)
+  p.add_argument('--actor_memory_gb', type=int, default=8)
+  p.add_argument('--replay_cpu', type=int, default=4)
+  p.add_argument('--replay_memory_gb', type=int, default=0,
+                 help='0: sized from the replay table (see replay_memory_gb())')
+  p.add_argument('--max_seconds', type=float, default=24 * 3600.0)
+  p.add_argument('--logdir', default=None,
+                 help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
+  p.add_argument('--level', default=None, help='DMLab level')
+  p.add_argument('--game', default=None, help='Atari game (default Pong)')
+  p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  return p.parse_args(argv)
+
+
+def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
+  """Enough memory for a full replay table (items x bytes per item), x2 + 4 GiB slack."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  config = builder.config
+  if hasattr(config, 'queue_size'):
+    items, steps = config.queue_size, config.unroll_length + 1
+  else:
+    items, steps = config.replay_size, config.sequence_length
+  frame = int(np.prod(spec.observation_shape)) * spec.dtype.itemsize
+  item_bytes = steps * (frame + 64) + 4096
+  return int(2 * items * item_bytes / 2**30) + 4
+
+
+def group_hardware(args: argparse.Namespace, replay_gb: int) -> Dict[str, Hardware]:
+  """Hardware per node group: the accelerator goes to the central node only."""
+  accelerator = None if args.accelerator == 'none' else args.accelerator
+  actor = Hardware(args.actor_cpu, args.actor_memory_gb)
+  return {
+      'learner': Hardware(args.learner_cpu, args.learner_memory_gb, accelerator,
+                          args.accelerator_count if accelerator else 0),
+      'replay': Hardware(args.replay_cpu, args.replay_memory_gb or replay_gb),
+      'actor': actor,
+      'evaluator': actor,
+      'counter': actor,
+  }
+
+
+def plan_worker_pools(groups: Dict[str, int], hardware: Dict[str, Hardware],
+                      requirements: str, code_directory: str) -> List[WorkerPool]:
+  """Worker pools as Launchpad's vertex_ai launch forms them.
+
+  Nodes whose (code, requirements, hardware) match share a pool, in program order;
+  the first pool with a single node moves to the front; if the first pool still has
+  several nodes, its first node is split off into a pool of its own.
+  """
+  by_hardware: Dict[Hardware, List[str]] = collections.OrderedDict()
+  for label, count in groups.items():
+    by_hardware.setdefault(hardware[label], []).extend(f'{label}/{i}' for i in range(count))
+  pools = list(by_hardware.items())
+  for index, (_, nodes) in enumerate(pools):
+    if len(nodes) == 1:
+      pools.insert(0, pools.pop(index))
+      break
+  if len(pools[0][1]) != 1:
+    hw, nodes = pools[0]
+    pools[0] = (hw, nodes[:1])
+    pools.append((hw, nodes[1:]))
+  return [WorkerPool(f'workerpool{i}', nodes, hw, BASE_IMAGE, requirements, code_directory)
+          for i, (hw, nodes) in enumerate(pools)]
+
+
+def validate_plan(pools: List[WorkerPool]) -> List[str]:
+  """Everything Vertex AI or Launchpad would reject, as messages (empty: valid)."""
+  errors = []
+  if len(pools) > MAX_WORKER_POOLS:
+    errors.append(f'{len(pools)} worker pools; Vertex AI allows at most {MAX_WORKER_POOLS} '
+                  '(give more node groups the same hardware)')
+  if pools and pools[0].replicas != 1:
+    errors.append(f'the first worker pool has {pools[0].replicas} replicas; it must have 1')
+  for pool in pools:
+    hw = pool.hardware
+    if not os.path.isfile(pool.requirements):
+      errors.append(f'{pool.name}: requirements file {pool.requirements} does not exist')
+    if not os.path.isfile(os.path.join(pool.code_directory, 'setup.py')):
+      errors.append(f'{pool.name}: code directory {pool.code_directory} has no setup.py')
+    if hw.cpu < 1 or hw.memory_gb < 1:
+      errors.append(f'{pool.name}: needs at least 1 vCPU and 1 GiB, got {hw.describe()}')
+    if hw.accelerator and hw.accelerator not in GPUS + TPUS:
+      errors.append(f'{pool.name}: unknown accelerator {hw.accelerator!r}')
+    if hw.accelerator and hw.accelerator_count < 1:
+      errors.append(f'{pool.name}: accelerator {hw.accelerator} with count {hw.accelerator_count}')
+    groups = pool.groups()
+    if hw.accelerator and set(groups) != {'learner'}:
+      errors.append(f'{pool.name}: accelerator shared by {sorted(groups)}; only the '
+                    'central inference/learner node should hold one')
+    if hw.accelerator in TPUS and hw.accelerator_count not in (8,):
+      errors.append(f'{pool.name}: Vertex AI TPU workers come as 8 cores, got '
+                    f'{hw.accelerator_count}')
+  if not any('learner' in p.groups() for p in pools):
+    errors.append('no worker pool runs the central inference/learner node')
+  return errors
+
+
+def format_plan(pools: List[WorkerPool]) -> str:
+  lines = [f'{"pool":<12} {"replicas":>8}  {"groups":<40} {"hardware":<34} image']
+  for p in pools:
+    groups = ', '.join(f'{g} x{n}' for g, n in p.groups().items())
+    lines.append(f'{p.name:<12} {p.replicas:>8}  {groups:<40} {p.hardware.describe():<34} '
+                 f'{p.image} + {os.path.relpath(p.requirements, REPO_ROOT)}')
+  return '\n'.join(lines)
+
+
+def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  from xmanager import xm  # pylint: disable=g-import-not-at-top
+  resources = {}
+  for pool in pools:
+    hw = pool.hardware
+    accel = {hw.accelerator: hw.accelerator_count} if hw.accelerator else {}
+    requirements = xm.JobRequirements(cpu=hw.cpu, memory=hw.memory_gb * xm.GiB, **accel)
+    for group in pool.groups():
+      resources[group] = lp.DockerConfig(pool.code_directory, pool.requirements, requirements,
+                                         python_path=[pool.code_directory])
+  return resources
+
+
+def _check_cloud_setup() -> List[str]:
+  problems = []
+  if not os.environ.get('GOOGLE_CLOUD_BUCKET_NAME'):
+    problems.append('set GOOGLE_CLOUD_BUCKET_NAME to a GCS bucket for job files and logs')
+  try:
+    import xmanager  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    problems.append('xmanager is not installed: .venv/bin/pip install -r '
+                    'requirements/vertex.txt -c requirements/constraints.txt')
+  try:
+    import google.auth  # pylint: disable=g-import-not-at-top
+    google.auth.default()
+  except Exception:  # pylint: disable=broad-except
+    problems.append('no Google Cloud credentials: gcloud auth application-default login')
+  return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+
+  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
+  factory = envs.make_factory(args.env, **env_kwargs)
+  try:
+    spec = envs.env_spec_of(factory(0))
+  except ImportError as e:
+    print(f'vertex: cannot create {args.env!r}: {e}', file=sys.stderr)
+    return 2
+  builder = agents.make_builder(args.agent, args.env)
+  bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
+  logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'
+  config = ProgramConfig(num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
+                         max_seconds=args.max_seconds, logdir=logdir)
+  launch_type = lp.LaunchType.VERTEX_AI
+  program = program_lib.make_program(
+      builder, factory, spec, config,
+      stop_program=None if args.dry_run else lp.make_program_stopper(launch_type),
+      name=f'seedacme-{args.env}-{args.agent}')
+  groups = {label: len(nodes) for label, nodes in program.groups.items()}
+  pools = plan_worker_pools(groups, group_hardware(args, replay_memory_gb(builder, spec)),
+                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), REPO_ROOT)
+  errors = validate_plan(pools)
+  if args.json:
+    print(json.dumps({'program': program.name, 'logdir': logdir, 'valid': not errors,
+                      'errors': errors,
+                      'worker_pools': [dict(name=p.name, replicas=p.replicas, groups=p.groups(),
+                                            hardware=dataclasses.asdict(p.hardware),
+                                            image=p.image, requirements=p.requirements)
+                                       for p in pools]}, indent=1))
+  else:
+    print(f'Vertex AI job plan for {program.name} ({sum(groups.values())} nodes, '
+          f'logdir {logdir}):')
+    print(format_plan(pools))
+    for e in errors:
+      print(f'INVALID: {e}', file=sys.stderr)
+  if errors:
+    return 1
+  if args.dry_run:
+    if not args.json:
+      print('vertex: plan is valid (dry run: nothing launched)')
+    return 0
+  problems = _check_cloud_setup()
+  if problems:
+    print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)
+    return 2
+  lp.launch(program, launch_type=launch_type, xm_resources=_xm_resources(pools))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,77 @@
+"""The Vertex AI launcher's dry run: a valid job plan without xmanager or credentials."""
+
+import json
+
+import pytest
+
+from seedacme.launchers import vertex
+
+
+def _dry_run_json(capsys, *args):
+  code = vertex.main([*args, '--dry_run', '--json'])
+  out = json.loads(capsys.readouterr().out)
+  return code, out
+
+
+def test_atari_vtrace_64_actors_gpu_learner(capsys):
+  code, plan = _dry_run_json(capsys, 'atari', 'vtrace', '64', '--accelerator', 'V100')
+  assert code == 0 and plan['valid'] and plan['errors'] == []
+  pools = plan['worker_pools']
+  assert len(pools) <= 4 and pools[0]['replicas'] == 1
+  by_group = {g: p for p in pools for g in p['groups']}
+  assert by_group['learner']['hardware']['accelerator'] == 'V100'
+  assert by_group['learner']['replicas'] == 1 and by_group['learner']['groups'] == {'learner': 1}
+  assert by_group['actor']['groups']['actor'] == 64
+  assert by_group['actor']['hardware']['accelerator'] is None
+  assert sum(p['replicas'] for p in pools) == 64 + 4  # actors + learner, replay, counter, eval
+  assert all(p['image'] == 'python:3.10' and p['requirements'].endswith('lock.txt')
+             for p in pools)
+  # The replay pool is sized for 256 unrolls of 21 x 84x84x4 frames (~0.3 GiB) + slack.
+  assert by_group['replay']['hardware']['memory_gb'] >= 4
+
+
+def test_printed_plan_is_readable(capsys):
+  assert vertex.main(['catch', 'r2d2', '8', '--accelerator', 'T4', '--dry_run']) == 0
+  out = capsys.readouterr().out
+  assert 'workerpool0' in out and '1 x T4' in out and 'plan is valid' in out
+
+
+def test_plan_rules_catch_bad_layouts(tmp_path):
+  reqs = str(tmp_path / 'requirements.txt')
+  open(reqs, 'w').close()
+  (tmp_path / 'setup.py').write_text('')
+  code = str(tmp_path)
+  groups = {'replay': 1, 'counter': 1, 'learner': 1, 'actor': 4, 'evaluator': 1}
+  hw = {g: vertex.Hardware(4 + i, 8) for i, g in enumerate(groups)}  # five distinct types
+  errors = vertex.validate_plan(vertex.plan_worker_pools(groups, hw, reqs, code))
+  assert any('at most 4' in e for e in errors)
+
+  gpu = vertex.Hardware(8, 32, 'V100', 1)
+  shared = {'replay': vertex.Hardware(4, 8), 'counter': gpu, 'learner': gpu,
+            'actor': vertex.Hardware(4, 8), 'evaluator': vertex.Hardware(4, 8)}
+  errors = vertex.validate_plan(vertex.plan_worker_pools(groups, shared, reqs, code))
+  assert any('only the central inference/learner node' in e for e in errors)
+
+  missing = vertex.validate_plan(vertex.plan_worker_pools(
+      groups, shared, str(tmp_path / 'nope.txt'), code))
+  assert any('does not exist' in e for e in missing)
+
+
+def test_first_pool_always_gets_exactly_one_replica(tmp_path):
+  # Even when no group has a single node, Launchpad splits one node off the first pool.
+  reqs = str(tmp_path / 'r.txt')
+  open(reqs, 'w').close()
+  same = vertex.Hardware(4, 8)
+  pools = vertex.plan_worker_pools({'actor': 3, 'evaluator': 2}, {'actor': same,
+                                                                  'evaluator': same},
+                                   reqs, str(tmp_path))
+  assert pools[0].replicas == 1 and sum(p.replicas for p in pools) == 5
+
+
+@pytest.mark.parametrize('accelerator', ['none', 'TPU_V3'])
+def test_accelerator_choices(capsys, accelerator):
+  args = ['catch', 'vtrace', '2', '--accelerator', accelerator]
+  if accelerator == 'TPU_V3':
+    args += ['--accelerator_count', '8']
+  code, plan = _dry_run_json(capsys, *args)
+  assert code == 0, plan['errors']
