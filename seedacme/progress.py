@@ -2,7 +2,8 @@
 
 The central node writes one record per interval to `<logdir>/progress.jsonl` (the
 launcher tails it to draw the console progress line) and the last one to
-`<logdir>/summary.json`.
+`<logdir>/summary.json`. The logdir may be remote (`gs://...` on Vertex AI): files go
+through `tf.io.gfile`, and where appending is not possible the file is rewritten.
 """
 
 import json
@@ -19,14 +20,35 @@ def _finite(value: Any) -> Any:
   return value
 
 
+def _is_local(path: str) -> bool:
+  return '://' not in path
+
+
 class ProgressWriter:
   """Appends progress records; mirrors numeric fields to TensorBoard."""
 
   def __init__(self, logdir: str):
-    os.makedirs(logdir, exist_ok=True)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.io.gfile.makedirs(logdir)
     self._logdir = logdir
     self._path = os.path.join(logdir, 'progress.jsonl')
     self._summary_writer = None
+    self._remote_lines = None  # remote files cannot be appended to: keep and rewrite
+
+  def _append(self, line: str) -> None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if _is_local(self._path):
+      with open(self._path, 'a') as f:
+        f.write(line + '\n')
+      return
+    if self._remote_lines is None:
+      self._remote_lines = []
+      if tf.io.gfile.exists(self._path):  # a resumed run continues the same file
+        with tf.io.gfile.GFile(self._path) as f:
+          self._remote_lines = f.read().splitlines()
+    self._remote_lines.append(line)
+    with tf.io.gfile.GFile(self._path, 'w') as f:
+      f.write('\n'.join(self._remote_lines) + '\n')
 
   def _tb(self):
     if self._summary_writer is None:
@@ -37,8 +59,7 @@ class ProgressWriter:
 
   def write(self, record: Dict[str, Any]) -> None:
     record = {k: _finite(v) for k, v in record.items()}
-    with open(self._path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
+    self._append(json.dumps(record))
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     step = int(record.get('env_steps', 0))
     with self._tb().as_default():
@@ -50,12 +71,12 @@ class ProgressWriter:
 
   def log_event(self, message: str) -> None:
     """A one-off event in the progress file (shown by the launcher)."""
-    with open(self._path, 'a') as f:
-      f.write(json.dumps({'event': message}) + '\n')
+    self._append(json.dumps({'event': message}))
     logging.info('%s', message)
 
   def write_summary(self, record: Dict[str, Any]) -> None:
-    with open(os.path.join(self._logdir, 'summary.json'), 'w') as f:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.gfile.GFile(os.path.join(self._logdir, 'summary.json'), 'w') as f:
       json.dump({k: _finite(v) for k, v in record.items()}, f, indent=1)
 
 

@@ -1,0 +1,35 @@
+"""Progress records: JSON lines, TensorBoard events, console line, curves."""
+
+import glob
+import json
+import os
+
+from seedacme.curves import read_progress, write_curves
+from seedacme.progress import ProgressWriter, format_line
+
+
+def test_records_events_summary_and_curves(tmp_path):
+  logdir = str(tmp_path / 'run')
+  writer = ProgressWriter(logdir)
+  for i in range(3):
+    writer.write({'elapsed_s': 5.0 * i, 'env_steps': 100 * i, 'average_return': i - 1.0,
+                  'eval_average_return': float('nan'), 'learner_steps': 10 * i})
+  writer.log_event('resumed from checkpoint at learner step 20')
+  writer.write_summary({'stopped_because': 'done', 'average_return': 1.0})
+  lines = [json.loads(x) for x in open(os.path.join(logdir, 'progress.jsonl'))]
+  assert len(lines) == 4 and lines[-1] == {'event': 'resumed from checkpoint at learner step 20'}
+  assert lines[0]['eval_average_return'] is None  # NaN is stored as null (valid JSON)
+  assert json.load(open(os.path.join(logdir, 'summary.json')))['stopped_because'] == 'done'
+  assert glob.glob(os.path.join(logdir, 'tensorboard', 'events.out.tfevents.*'))
+  assert [r['env_steps'] for r in read_progress(logdir)] == [0, 100, 200]
+  paths = write_curves(logdir, 'test')
+  rows = open(paths['csv']).read().splitlines()
+  assert rows[0].startswith('env_steps,') and len(rows) == 4
+  assert os.path.getsize(paths['png']) > 1000
+
+
+def test_format_line_handles_missing_fields():
+  line = format_line({'elapsed_s': 12.0, 'env_steps': 1234, 'average_return': None,
+                      'learner_priority_updates': 64.0, 'replay_size': 5})
+  assert '1,234' in line and 'return -' in line and 'priority updates 64' in line
+  assert 'priority updates' not in format_line({})
