@@ -10,7 +10,7 @@ from typing import Any, Sequence, Tuple
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.agents.vtrace.networks import MLPTorso
+from seedacme.networks import MLPTorso, RecurrentCore, batch_apply
 
 Nest = Any
 
@@ -34,37 +34,17 @@ class RecurrentQNetwork(snt.Module):
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
                lstm_size: int = 128, dueling: bool = True, name: str = 'r2d2_q_network'):
     super().__init__(name=name)
-    self._torso = MLPTorso(hidden_sizes)
-    self._core = snt.LSTM(lstm_size)
+    self._core = RecurrentCore(MLPTorso(hidden_sizes), lstm_size)
     self._head = DuelingHead(num_actions) if dueling else snt.Linear(num_actions, name='q')
-    self._lstm_size = lstm_size
 
   def initial_state(self, batch_size: int) -> Nest:
-    zeros = tf.zeros([batch_size, self._lstm_size], tf.float32)
-    return (zeros, zeros)
+    return self._core.initial_state(batch_size)
 
   def __call__(self, observation, state):
-    out, next_state = self._core(self._torso(observation), snt.LSTMState(*state))
-    return self._head(out), (next_state.hidden, next_state.cell)
+    out, next_state = self._core(observation, state)
+    return self._head(out), next_state
 
   def unroll(self, observations, first, state) -> Tuple[tf.Tensor, Nest]:
     """Q-values `[T, B, A]` and the state after the last step."""
-    t_max = observations.shape[0]
-    t, b = tf.shape(observations)[0], tf.shape(observations)[1]
-    flat = tf.reshape(observations, tf.concat([[t * b], tf.shape(observations)[2:]], 0))
-    features = self._torso(flat)
-    features = tf.unstack(tf.reshape(features, [t, b, features.shape[-1]]), num=t_max)
-    firsts = tf.unstack(first, num=t_max)
-    zeros = tf.zeros_like(state[0])
-    hidden, cell = state
-    outputs = []
-    for step in range(t_max):
-      reset = firsts[step][:, None]
-      hidden = tf.where(reset, zeros, hidden)
-      cell = tf.where(reset, zeros, cell)
-      out, s = self._core(features[step], snt.LSTMState(hidden, cell))
-      hidden, cell = s.hidden, s.cell
-      outputs.append(out)
-    stacked = tf.reshape(tf.stack(outputs), [t * b, self._lstm_size])
-    q = self._head(stacked)
-    return tf.reshape(q, [t, b, -1]), (hidden, cell)
+    outputs, final_state = self._core.unroll(observations, first, state)
+    return batch_apply(self._head, outputs), final_state

@@ -17,24 +17,9 @@ from typing import Any, Sequence, Tuple
 import sonnet as snt
 import tensorflow as tf
 
+from seedacme.networks import MLPTorso, RecurrentCore, batch_apply
+
 Nest = Any
-
-
-def _to_float(observation: tf.Tensor) -> tf.Tensor:
-  if observation.dtype == tf.uint8:
-    return tf.cast(observation, tf.float32) / 255.0
-  return tf.cast(observation, tf.float32)
-
-
-class MLPTorso(snt.Module):
-  """Flatten + ReLU MLP."""
-
-  def __init__(self, hidden_sizes: Sequence[int], name: str = 'mlp_torso'):
-    super().__init__(name=name)
-    self._mlp = snt.nets.MLP(list(hidden_sizes), activate_final=True)
-
-  def __call__(self, observation: tf.Tensor) -> tf.Tensor:
-    return self._mlp(snt.Flatten()(_to_float(observation)))
 
 
 class PolicyValueHead(snt.Module):
@@ -67,10 +52,7 @@ class FeedForwardPolicyValue(snt.Module):
 
   def unroll(self, observations, first, state=()):
     del first, state
-    t, b = tf.shape(observations)[0], tf.shape(observations)[1]
-    flat = tf.reshape(observations, tf.concat([[t * b], tf.shape(observations)[2:]], 0))
-    logits, values = self._head(self._torso(flat))
-    return (tf.reshape(logits, [t, b, -1]), tf.reshape(values, [t, b]))
+    return batch_apply(lambda x: self._head(self._torso(x)), observations)
 
 
 class LSTMPolicyValue(snt.Module):
@@ -79,43 +61,19 @@ class LSTMPolicyValue(snt.Module):
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
                lstm_size: int = 64, name: str = 'lstm_policy_value'):
     super().__init__(name=name)
-    self._torso = MLPTorso(hidden_sizes)
-    self._core = snt.LSTM(lstm_size)
+    self._core = RecurrentCore(MLPTorso(hidden_sizes), lstm_size)
     self._head = PolicyValueHead(num_actions)
-    self._lstm_size = lstm_size
 
   def initial_state(self, batch_size: int) -> Nest:
-    zeros = tf.zeros([batch_size, self._lstm_size], tf.float32)
-    return (zeros, zeros)
+    return self._core.initial_state(batch_size)
 
   def __call__(self, observation, state):
-    out, next_state = self._core(self._torso(observation), snt.LSTMState(*state))
-    return self._head(out), (next_state.hidden, next_state.cell)
+    out, next_state = self._core(observation, state)
+    return self._head(out), next_state
 
   def unroll(self, observations, first, state):
-    t_max = observations.shape[0]
-    features = tf.unstack(self._torso_time_major(observations), num=t_max)
-    firsts = tf.unstack(first, num=t_max)
-    initial = self.initial_state(tf.shape(first)[1])
-    hidden, cell = state
-    outputs = []
-    for t in range(t_max):
-      reset = firsts[t][:, None]
-      hidden = tf.where(reset, initial[0], hidden)
-      cell = tf.where(reset, initial[1], cell)
-      out, s = self._core(features[t], snt.LSTMState(hidden, cell))
-      hidden, cell = s.hidden, s.cell
-      outputs.append(out)
-    stacked = tf.stack(outputs)  # [T, B, H]
-    t, b = tf.shape(stacked)[0], tf.shape(stacked)[1]
-    logits, values = self._head(tf.reshape(stacked, [t * b, self._lstm_size]))
-    return tf.reshape(logits, [t, b, -1]), tf.reshape(values, [t, b])
-
-  def _torso_time_major(self, observations):
-    t, b = tf.shape(observations)[0], tf.shape(observations)[1]
-    flat = tf.reshape(observations, tf.concat([[t * b], tf.shape(observations)[2:]], 0))
-    features = self._torso(flat)
-    return tf.reshape(features, [t, b, features.shape[-1]])
+    outputs, _ = self._core.unroll(observations, first, state)
+    return batch_apply(self._head, outputs)
 
 
 def make_network(kind: str, num_actions: int, hidden_sizes: Sequence[int],
