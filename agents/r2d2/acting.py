@@ -11,9 +11,9 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from seedacme.agents.vtrace.acting import default_device
 from seedacme.envs.registry import EnvSpec
-from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.policy import PolicyStep
+from seedacme.tf_policy import TFServerPolicy
 
 Nest = Any
 
@@ -26,22 +26,17 @@ def apex_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.nd
   return (base ** (1.0 + alpha * i / (num_envs - 1))).astype(np.float32)
 
 
-class R2D2Policy(ServerPolicy):
+class R2D2Policy(TFServerPolicy):
   """Epsilon-greedy over the recurrent Q-network, one epsilon per training env."""
 
   def __init__(self, network, spec: EnvSpec, num_train_envs: int, epsilon_base: float,
                epsilon_alpha: float, evaluation_epsilon: float = 0.0, seed: int = 0,
                device: str = ''):
-    self._network = network
+    super().__init__(network, seed, device)
     self._num_actions = spec.num_actions
     self.epsilons = apex_epsilons(num_train_envs, epsilon_base, epsilon_alpha)
     self._evaluation_epsilon = evaluation_epsilon
-    self._device = device or default_device()
-    self._rng = tf.random.Generator.from_seed(seed)
     self._step = tf.function(self._step_graph, experimental_relax_shapes=True)
-
-  def initial_state(self, batch_size: int) -> Nest:
-    return tree.map_structure(lambda x: x.numpy(), self._network.initial_state(batch_size))
 
   def epsilon_of(self, env_ids: np.ndarray, greedy: np.ndarray) -> np.ndarray:
     """Per-env epsilon for a batch (training ids index the Ape-X schedule)."""

@@ -13,32 +13,20 @@ import tensorflow as tf
 import tree
 
 from seedacme.envs.registry import EnvSpec
-from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.policy import PolicyStep
+from seedacme.tf_policy import TFServerPolicy
 
 Nest = Any
 
 
-def default_device() -> str:
-  """The accelerator for inference if there is one, else the CPU."""
-  for kind in ('TPU', 'GPU'):
-    if tf.config.list_logical_devices(kind):
-      return f'/{kind}:0'
-  return '/CPU:0'
-
-
-class VTracePolicy(ServerPolicy):
+class VTracePolicy(TFServerPolicy):
   """Samples from the policy network's logits; greedy envs take the argmax."""
 
   def __init__(self, network: snt.Module, spec: EnvSpec, seed: int = 0,
                device: str = ''):
-    self._network = network
+    super().__init__(network, seed, device)
     self._spec = spec
-    self._device = device or default_device()
-    self._rng = tf.random.Generator.from_seed(seed)
     self._step = tf.function(self._step_graph, experimental_relax_shapes=True)
-
-  def initial_state(self, batch_size: int) -> Nest:
-    return tree.map_structure(lambda x: x.numpy(), self._network.initial_state(batch_size))
 
   def _step_graph(self, observation, state, greedy):
     with tf.device(self._device):
