@@ -168,3 +168,8 @@ class EnvActor:
                  kind, self._actor_id, self.steps,
                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                  'tensorflow' in sys.modules)
+
+
+def run_actor(stop_event: threading.Event, **kwargs) -> None:
+  """Entry point of a (supervised) actor process: `EnvActor(**kwargs).run()`."""
+  EnvActor(stop_event=stop_event, **kwargs).run()

@@ -225,3 +225,4 @@ class CentralNode:
       self.learner.close()
     if self._learner_error is not None:
       raise self._learner_error
+

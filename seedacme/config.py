@@ -28,6 +28,8 @@ class ProgramConfig:
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
+    supervise: run actors, evaluator and the central node as supervised child processes
+      that are restarted when they die (seedacme.supervisor).
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -46,6 +48,7 @@ class ProgramConfig:
   seed: int = 0
   checkpoint_interval_s: float | None = 60.0
   export_policy: bool = True
+  supervise: bool = True
 
   @property
   def num_train_envs(self) -> int:

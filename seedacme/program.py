@@ -16,10 +16,12 @@ import time
 from typing import Callable
 
 from acme.utils import counting
+import cloudpickle
 import launchpad as lp
 from launchpad.nodes.python import local_multi_processing
 
-from seedacme.actor import EnvActor
+from seedacme import supervisor
+from seedacme.actor import EnvActor, run_actor
 from seedacme.builder import SeedBuilder
 from seedacme.central import CentralNode
 from seedacme.config import ProgramConfig
@@ -79,23 +81,34 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
     replay = program.add_node(ReplayNode(functools.partial(builder.make_replay_tables, spec)))
   with program.group('counter'):
     counter = program.add_node(lp.CourierNode(counting.Counter))
+  courier_kwargs = {'thread_pool_size': config.num_actors + 16}
+  central_args = dict(builder=builder, spec=spec, config=config, stop_program=stop_program)
   with program.group('learner'):
-    learner = program.add_node(lp.CourierNode(
-        CentralNode, builder=builder, spec=spec, config=config, replay=replay,
-        counter=counter, stop_program=stop_program,
-        courier_kwargs={'thread_pool_size': config.num_actors + 16}))
+    if config.supervise:
+      node = supervisor.SupervisedCentralNode(payload=cloudpickle.dumps(central_args),
+                                   replay=replay, counter=counter,
+                                   courier_kwargs=courier_kwargs)
+    else:
+      node = lp.CourierNode(CentralNode, replay=replay, counter=counter,
+                            courier_kwargs=courier_kwargs, **central_args)
+    learner = program.add_node(node)
+
+  def actor_node(name: str, **kwargs):
+    kwargs.update(inference=learner, env_factory=env_factory, counter=counter)
+    if config.supervise:
+      return lp.PyNode(supervisor.run_supervised, target=run_actor, name=name, **kwargs)
+    return lp.PyClassNode(EnvActor, **kwargs)
+
   with program.group('actor'):
     for i in range(config.num_actors):
-      program.add_node(lp.PyClassNode(
-          EnvActor, inference=learner, env_factory=env_factory, actor_id=i,
-          num_envs=config.envs_per_actor, first_env_id=i * config.envs_per_actor,
-          counter=counter, seed=config.seed + 1000 * i))
+      program.add_node(actor_node(
+          f'actor/{i}', actor_id=i, num_envs=config.envs_per_actor,
+          first_env_id=i * config.envs_per_actor, seed=config.seed + 1000 * i))
   if config.num_eval_envs:
     with program.group('evaluator'):
-      program.add_node(lp.PyClassNode(
-          EnvActor, inference=learner, env_factory=env_factory, actor_id=0,
-          num_envs=config.num_eval_envs, first_env_id=config.num_train_envs,
-          counter=counter, greedy=True, seed=config.seed + 10**6,
+      program.add_node(actor_node(
+          'evaluator/0', actor_id=0, num_envs=config.num_eval_envs,
+          first_env_id=config.num_train_envs, greedy=True, seed=config.seed + 10**6,
           eval_interval_s=config.eval_interval_s, eval_episodes=config.eval_episodes))
   return program
 

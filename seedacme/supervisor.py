@@ -1,0 +1,162 @@
+"""Keeps a node's work alive: runs it in a child process and restarts it when it dies.
+
+Launchpad's local launcher treats any node process that dies as a failure of the whole
+program. Users run for days on preemptible machines, so seedacme's actor and central
+nodes are *supervisors*: the Launchpad node process starts the real work in a child
+process (`python -m seedacme.supervisor`, the target and its arguments pickled on
+stdin) and starts a new child when one dies -- `kill -9` included. A new actor child
+draws a new run id, so the server resets its envs; a new central child restores the
+latest checkpoint and binds the same Courier port, and actors reconnect.
+
+On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
+little, then kills it: nothing is left behind.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict
+
+from absl import logging
+import cloudpickle
+import launchpad as lp
+from launchpad.nodes import dereference as lp_dereference
+import tree
+
+
+def _default_stop_event() -> threading.Event:
+  try:
+    import launchpad as lp  # pylint: disable=g-import-not-at-top
+    return lp.stop_event()
+  except RuntimeError:
+    return threading.Event()
+
+
+class Supervisor:
+  """Runs `target(stop_event=..., **kwargs)` in a child process, restarting it on death."""
+
+  def __init__(self, target: Callable[..., None], kwargs: Dict[str, Any], name: str,
+               stop_event: threading.Event | None = None,
+               restart_backoff_s: float = 1.0, max_backoff_s: float = 30.0,
+               stop_timeout_s: float = 6.0):
+    self._payload = cloudpickle.dumps((target, kwargs))
+    self._name = name
+    self._stop = stop_event
+    self._backoff = restart_backoff_s
+    self._max_backoff = max_backoff_s
+    self._stop_timeout_s = stop_timeout_s
+    self.restarts = 0
+    self.child: subprocess.Popen | None = None
+
+  def _start_child(self) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, '-m', 'seedacme.supervisor'],
+                             stdin=subprocess.PIPE)
+    child.stdin.write(self._payload)
+    child.stdin.close()
+    logging.info('%s: started child process %d', self._name, child.pid)
+    return child
+
+  def _stop_child(self) -> None:
+    child = self.child
+    if child is None or child.poll() is not None:
+      return
+    child.send_signal(signal.SIGTERM)
+    try:
+      child.wait(self._stop_timeout_s)
+    except subprocess.TimeoutExpired:
+      logging.warning('%s: child %d ignored SIGTERM for %.0fs; killing it', self._name,
+                      child.pid, self._stop_timeout_s)
+      child.kill()
+      child.wait()
+
+  def run(self) -> None:
+    if self._stop is None:
+      self._stop = _default_stop_event()
+    backoff = self._backoff
+    try:
+      while not self._stop.is_set():
+        self.child = self._start_child()
+        started = time.monotonic()
+        while self.child.poll() is None and not self._stop.wait(0.2):
+          pass
+        if self._stop.is_set():
+          break
+        code = self.child.returncode
+        if code == 0:
+          logging.info('%s: child %d finished', self._name, self.child.pid)
+          return
+        if time.monotonic() - started > 60:
+          backoff = self._backoff  # it ran a while: not a crash loop
+        self.restarts += 1
+        logging.warning('%s: child %d died (exit code %d); restart #%d in %.1fs',
+                        self._name, self.child.pid, code, self.restarts, backoff)
+        if self._stop.wait(backoff):
+          break
+        backoff = min(2 * backoff, self._max_backoff)
+    finally:
+      self._stop_child()
+
+
+def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
+  """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved)."""
+  Supervisor(target, kwargs, name).run()
+
+
+def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
+                  payload: bytes, **handles) -> None:
+  """Entry point of a (supervised) central process: the node and its Courier server.
+
+  `payload` is the pickled rest of `CentralNode`'s arguments (builder, spec, config):
+  the supervisor forwards it as bytes, so only this process imports TensorFlow.
+  """
+  from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
+  from seedacme.central import CentralNode  # pylint: disable=g-import-not-at-top
+  node = CentralNode(stop_event=stop_event, **cloudpickle.loads(payload), **handles)
+  server = courier_utils.make_courier_server(node, port=port, **courier_kwargs)
+  server.Start()
+  try:
+    node.run()
+  finally:
+    server.Stop()
+    server.Join()
+
+
+class SupervisedCentralNode(lp.CourierNode):
+  """The central node's Courier address, served by a supervised child process.
+
+  The Launchpad process only supervises: it passes the pickled arguments (builder,
+  spec, config) through as bytes and never imports TensorFlow; the child builds the
+  `CentralNode` and serves Courier on this node's port (`serve_central`).
+  """
+
+  def __init__(self, **kwargs):
+    super().__init__(dict, **kwargs)  # the real constructor runs in the child
+
+  def run(self) -> None:
+    args, kwargs = tree.map_structure(lp_dereference.maybe_dereference,
+                                      (self._args, self._kwargs))
+    del args
+    kwargs.update(port=lp.get_port_from_address(self._address.resolve()),
+                  courier_kwargs=self._courier_kwargs)
+    Supervisor(serve_central, kwargs, 'learner').run()
+
+
+def _child_main() -> None:
+  target, kwargs = cloudpickle.loads(sys.stdin.buffer.read())
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())
+  signal.signal(signal.SIGINT, lambda *_: stop.set())
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.use_absl_handler()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  target(stop_event=stop, **kwargs)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)  # Skip interpreter teardown: TF/gRPC threads can hang it.
+
+
+if __name__ == '__main__':
+  _child_main()
