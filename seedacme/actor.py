@@ -44,6 +44,8 @@ def new_run_id() -> int:
 class EnvActor:
   """Steps `num_envs` environments for the central inference server."""
 
+  SLOW_CALL_WARNING_S = 5.0
+
   def __init__(self, inference: Any, env_factory: EnvFactory, actor_id: int,
                num_envs: int, first_env_id: int, counter: Any = None,
                greedy: bool = False, seed: int = 0, max_steps: int | None = None,
@@ -95,6 +97,8 @@ class EnvActor:
     backoff = 0.1
     while not self._stop.is_set():
       future = self._inference.futures.step(request)
+      sent = time.monotonic()
+      next_warning = sent + self.SLOW_CALL_WARNING_S
       while True:
         try:
           return future.result(timeout=0.2)
@@ -102,6 +106,12 @@ class EnvActor:
           if self._stop.is_set():
             future.cancel()
             return None
+          if time.monotonic() >= next_warning:
+            # gRPC waits for a restarting server by itself; say so instead of hanging mute.
+            logging.warning('Actor %d: no answer from the inference server for %.0fs; '
+                            'waiting for it (restarting, or the learner is behind)',
+                            self._actor_id, time.monotonic() - sent)
+            next_warning += 30.0
         except Exception as e:  # pylint: disable=broad-except
           message = str(e)
           if SERVER_ERROR_MARKER in message and 'InvalidRequestError' in message:

@@ -12,7 +12,6 @@ On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), wait
 little, then kills it: nothing is left behind.
 """
 
-import os
 import signal
 import subprocess
 import sys
@@ -153,9 +152,6 @@ def _child_main() -> None:
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
   target(stop_event=stop, **kwargs)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(0)  # Skip interpreter teardown: TF/gRPC threads can hang it.
 
 
 if __name__ == '__main__':

@@ -53,7 +53,8 @@ def test_killed_actor_is_restarted_and_learning_continues(tmp_path):
   assert 'Run id changed for 8 envs (actor restart)' in run.node_log('learner/0')
   summary = run.json('summary.json')
   assert summary['actor_restarts'] >= 1
-  assert 'target' in summary['stopped_because'] and summary['average_return'] >= 0.9
+  assert 'target' in summary['stopped_because']
+  assert float(summary['stopped_because'].split()[2]) >= 0.9
 
 
 @pytest.mark.timeout(420)
@@ -84,7 +85,10 @@ def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_p
   resumed = [int(line.rsplit('learner step ', 1)[1].split(',')[0])
              for line in run.output.splitlines() if 'resumed from checkpoint' in line]
   assert resumed and resumed[-1] >= saved  # continued from the checkpoint, not from 0
-  assert 'retrying' in run.node_log('actor/0')  # actors noticed, backed off, reconnected
+  # Actors noticed (a failed call retried with backoff, or a call waiting on the restart)
+  # and carried on with the new central node.
+  actor_log = run.node_log('actor/0')
+  assert 'retrying' in actor_log or 'no answer from the inference server' in actor_log
   summary = run.json('summary.json')
   assert summary['resumed_from_learner_step'] == resumed[-1]
   assert summary['learner_steps'] > resumed[-1]
