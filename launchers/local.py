@@ -52,6 +52,8 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--level', default=None,
                       help='DMLab level (a DMLab-30 name or a level script path)')
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
+  parser.add_argument('--learner_step_delay_s', type=float, default=0.0,
+                      help='testing: pause after each learner step (a slow learner)')
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
@@ -143,7 +145,8 @@ def main(argv: List[str] | None = None) -> int:
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,
       target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
-      checkpoint_interval_s=args.checkpoint_interval_s or None)
+      checkpoint_interval_s=args.checkpoint_interval_s or None,
+      learner_step_delay_s=args.learner_step_delay_s)
   # A rerun with the same logdir resumes: progress.jsonl keeps growing (the curve spans
   # every run); only the previous summary goes.
   if os.path.exists(os.path.join(logdir, 'summary.json')):

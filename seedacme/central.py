@@ -166,6 +166,8 @@ class CentralNode:
         if metrics is not None:
           self.learner_steps += 1
           self.last_metrics = metrics
+          if self._config.learner_step_delay_s:
+            self._stop.wait(self._config.learner_step_delay_s)
         if time.monotonic() >= next_progress or (
             max_steps is not None and self.learner_steps >= max_steps):
           next_progress = time.monotonic() + self._config.progress_interval_s

@@ -30,6 +30,8 @@ class ProgramConfig:
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
     supervise: run actors, evaluator and the central node as supervised child processes
       that are restarted when they die (seedacme.supervisor).
+    learner_step_delay_s: pause after every learner step: simulates a slow learner
+      (backpressure tests and demos); 0 in real runs.
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -49,6 +51,7 @@ class ProgramConfig:
   checkpoint_interval_s: float | None = 60.0
   export_policy: bool = True
   supervise: bool = True
+  learner_step_delay_s: float = 0.0
 
   @property
   def num_train_envs(self) -> int:

@@ -92,3 +92,45 @@ def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_p
   summary = run.json('summary.json')
   assert summary['resumed_from_learner_step'] == resumed[-1]
   assert summary['learner_steps'] > resumed[-1]
+
+
+def _rss_mb(pids):
+  import psutil
+  total = 0.0
+  for pid in pids:
+    try:
+      total += psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.Error:
+      pass
+  return total
+
+
+@pytest.mark.timeout(300)
+def test_slow_learner_blocks_actors_and_memory_stays_flat(tmp_path):
+  # The learner takes a step every 0.5 s: actors produce far more than it can consume.
+  run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '75', '--learner_step_delay_s',
+             '0.5', '--num_eval_envs', '0', '--progress_interval_s', '2'], str(tmp_path))
+  try:
+    full = lambda: any((r.get('replay_size') or 0) >= 256 for r in run.progress())  # noqa: E731
+    assert _wait_for(full, 150, run), run.output[-3000:]  # the queue filled up ...
+    time.sleep(5)
+    first = _rss_mb(leftover_processes(run.tag))
+    records_then = run.progress()
+    time.sleep(30)
+    second = _rss_mb(leftover_processes(run.tag))
+    records_now = run.progress()
+    code = run.wait(120)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers
+  # ... and stayed bounded: the rate limiter holds the queue at its size,
+  assert all(r['replay_size'] <= 256 for r in records_now if r.get('replay_size') is not None)
+  # inference waited on it (the writer blocked) and acting slowed to the learner's pace:
+  # 32 unrolls x 20 steps per learner step, about 2 steps/s -> ~1,300 env steps/s.
+  assert records_now[-1]['trajectory_writer_blocked_s'] > records_then[-1]['trajectory_writer_blocked_s']
+  rate = ((records_now[-1]['env_steps'] - records_then[-1]['env_steps'])
+          / (records_now[-1]['elapsed_s'] - records_then[-1]['elapsed_s']))
+  assert rate < 2500, rate
+  # Memory of the whole program stays flat while it is throttled.
+  assert second < first * 1.05 + 20, (first, second)
