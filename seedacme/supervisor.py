@@ -146,8 +146,15 @@ class SupervisedCentralNode(lp.CourierNode):
 def _child_main() -> None:
   target, kwargs = cloudpickle.loads(sys.stdin.buffer.read())
   stop = threading.Event()
-  signal.signal(signal.SIGTERM, lambda *_: stop.set())
-  signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+  def request_stop(*_):
+    # Not stop.set() here: the handler runs on the main thread, which may be inside
+    # stop.wait() holding the event's (non-reentrant) lock -- setting it from another
+    # thread cannot deadlock.
+    threading.Thread(target=stop.set, daemon=True).start()
+
+  signal.signal(signal.SIGTERM, request_stop)
+  signal.signal(signal.SIGINT, request_stop)
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
