@@ -11,6 +11,8 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import subprocess
 import sys
 import threading
 from typing import Dict, List
@@ -52,6 +54,10 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--level', default=None,
                       help='DMLab level (a DMLab-30 name or a level script path)')
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
+  parser.add_argument('--network', choices=('isolated', 'host'), default='isolated',
+                      help="isolated: run every node in a private network namespace with "
+                      "only loopback, so Courier and Reverb (which bind all interfaces) are "
+                      "unreachable from other machines; host: the machine's network")
   parser.add_argument('--learner_step_delay_s', type=float, default=0.0,
                       help='testing: pause after each learner step (a slow learner)')
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
@@ -114,8 +120,40 @@ def _sample_node_memory(logdir: str, peak: Dict[str, float]) -> None:
       continue
 
 
+_NETNS_ENV = 'SEEDACME_PRIVATE_NETNS'
+
+
+def _isolate_network() -> bool:
+  """Re-executes this launcher in a private network namespace with only loopback.
+
+  Courier and Reverb in this stack listen on every interface (`[::]:port`) with no
+  option to bind loopback only. A local program needs nothing but loopback, so the
+  launcher moves itself -- and with it every node it starts -- into a new user+network
+  namespace (`unshare -rn`) and brings `lo` up there. Returns False (and the caller
+  stays on the host network) where user namespaces are not available.
+  """
+  if os.environ.get(_NETNS_ENV):
+    return True  # already inside
+  probe = subprocess.run(['unshare', '-rn', 'ip', 'link', 'set', 'lo', 'up'],
+                         capture_output=True, text=True) if shutil.which('unshare') \
+      and shutil.which('ip') else None
+  if probe is None or probe.returncode != 0:
+    reason = 'unshare/ip missing' if probe is None else probe.stderr.strip()
+    print(f'seedacme: cannot isolate the network ({reason}); Courier and Reverb will '
+          'listen on all interfaces', file=sys.stderr)
+    return False
+  os.environ[_NETNS_ENV] = '1'
+  sys.stdout.flush()
+  os.execvp('unshare', ['unshare', '-rn', '--', 'sh', '-c',
+                        'ip link set lo up && exec "$0" "$@"', sys.executable, '-m',
+                        'seedacme.launchers.local', *sys.argv[1:]])
+  return True  # not reached
+
+
 def main(argv: List[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.network == 'isolated' and argv is None:
+    _isolate_network()
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
   os.makedirs(os.path.join(logdir, 'nodes'), exist_ok=True)

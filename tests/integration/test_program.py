@@ -54,6 +54,35 @@ def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   assert 'Traceback' not in run.node_log('learner/0')
 
 
+def _listening_ports(pid):
+  """TCP ports in LISTEN state in the network namespace of `pid`."""
+  ports = set()
+  for table in ('tcp', 'tcp6'):
+    with open(f'/proc/{pid}/net/{table}') as f:
+      for line in f.readlines()[1:]:
+        fields = line.split()
+        if fields[3] == '0A':
+          ports.add(int(fields[1].rsplit(':', 1)[1], 16))
+  return ports
+
+
+def _check_servers_unreachable_from_host(run):
+  """Local launches keep Courier and Reverb (which bind all interfaces) off the network."""
+  import socket
+
+  from tests.integration.launch import leftover_processes
+  pids = leftover_processes(run.tag)
+  own_ns = os.readlink('/proc/self/ns/net')
+  node_ns = {os.readlink(f'/proc/{pid}/ns/net') for pid in pids}
+  assert own_ns not in node_ns and len(node_ns) == 1, (own_ns, node_ns)
+  ports = _listening_ports(pids[0])
+  assert len(ports) >= 3  # Courier (learner, counter) and Reverb at least
+  for port in ports:
+    with socket.socket() as s:
+      s.settimeout(1)
+      assert s.connect_ex(('127.0.0.1', port)) != 0, f'port {port} reachable from the host'
+
+
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_every_node(tmp_path):
   run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '600', '--progress_interval_s', '2'],
@@ -65,6 +94,7 @@ def test_ctrl_c_stops_every_node(tmp_path):
     while not training() and time.monotonic() < deadline and run.proc.poll() is None:
       time.sleep(1)
     assert training(), 'the program never trained\n' + run.output[-3000:]
+    _check_servers_unreachable_from_host(run)
     run.interrupt()
     start = time.monotonic()
     run.wait(60)
