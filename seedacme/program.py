@@ -78,16 +78,19 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
   config.validate()
   program = lp.Program(name)
   with program.group('replay'):
-    replay = program.add_node(ReplayNode(functools.partial(builder.make_replay_tables, spec)))
+    replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec))
+    replay = program.add_node(replay_node)
   with program.group('counter'):
     counter = program.add_node(lp.CourierNode(counting.Counter))
   courier_kwargs = {'thread_pool_size': config.num_actors + 16}
   central_args = dict(builder=builder, spec=spec, config=config, stop_program=stop_program)
   with program.group('learner'):
     if config.supervise:
-      node = supervisor.SupervisedCentralNode(payload=cloudpickle.dumps(central_args),
-                                   replay=replay, counter=counter,
-                                   courier_kwargs=courier_kwargs)
+      # The replay node's address, not its handle: the handle's module imports Reverb
+      # and TensorFlow, which the supervisor process has no use for.
+      node = supervisor.SupervisedCentralNode(
+          payload=cloudpickle.dumps(central_args), replay_address=replay_node.reverb_address,
+          counter=counter, courier_kwargs=courier_kwargs)
     else:
       node = lp.CourierNode(CentralNode, replay=replay, counter=counter,
                             courier_kwargs=courier_kwargs, **central_args)

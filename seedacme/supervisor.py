@@ -105,15 +105,17 @@ def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
 
 
 def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
-                  payload: bytes, **handles) -> None:
+                  payload: bytes, replay_address: str, **handles) -> None:
   """Entry point of a (supervised) central process: the node and its Courier server.
 
   `payload` is the pickled rest of `CentralNode`'s arguments (builder, spec, config):
   the supervisor forwards it as bytes, so only this process imports TensorFlow.
   """
   from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
+  import reverb  # pylint: disable=g-import-not-at-top
   from seedacme.central import CentralNode  # pylint: disable=g-import-not-at-top
-  node = CentralNode(stop_event=stop_event, **cloudpickle.loads(payload), **handles)
+  node = CentralNode(stop_event=stop_event, replay=reverb.Client(replay_address),
+                     **cloudpickle.loads(payload), **handles)
   server = courier_utils.make_courier_server(node, port=port, **courier_kwargs)
   server.Start()
   try:
@@ -139,7 +141,8 @@ class SupervisedCentralNode(lp.CourierNode):
                                       (self._args, self._kwargs))
     del args
     kwargs.update(port=lp.get_port_from_address(self._address.resolve()),
-                  courier_kwargs=self._courier_kwargs)
+                  courier_kwargs=self._courier_kwargs,
+                  replay_address=kwargs['replay_address'].resolve())
     Supervisor(serve_central, kwargs, 'learner').run()
 
 
