@@ -24,16 +24,11 @@ import numpy as np
 from seedacme import protocol
 from seedacme.envs.batched import BatchedEnv
 from seedacme.envs.registry import EnvFactory
+from seedacme.lifecycle import default_stop_event
 
 SERVER_ERROR_MARKER = 'Python exception was raised on the server'
 
 
-def _default_stop_event() -> threading.Event:
-  try:
-    import launchpad as lp  # pylint: disable=g-import-not-at-top
-    return lp.stop_event()
-  except RuntimeError:  # Not inside a Launchpad node.
-    return threading.Event()
 
 
 def new_run_id() -> int:
@@ -127,7 +122,7 @@ class EnvActor:
   def run(self) -> None:
     """Steps the envs until the stop event is set (or `max_steps`)."""
     if self._stop is None:
-      self._stop = _default_stop_event()
+      self._stop = default_stop_event()
     kind = 'evaluator' if self._greedy else 'actor'
     logging.info('%s %d: %d envs (ids %d..%d), run id %d', kind, self._actor_id,
                  len(self.env_ids), self.env_ids[0], self.env_ids[-1], self.run_id)

@@ -18,15 +18,10 @@ from seedacme.checkpointing import Checkpointer, export_policy
 from seedacme.config import ProgramConfig
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
+from seedacme.lifecycle import default_stop_event
 from seedacme.progress import ProgressWriter, format_line
 
 
-def _default_stop_event() -> threading.Event:
-  try:
-    import launchpad as lp  # pylint: disable=g-import-not-at-top
-    return lp.stop_event()
-  except RuntimeError:
-    return threading.Event()
 
 
 class CentralNode:
@@ -43,14 +38,14 @@ class CentralNode:
     self._stop_program = stop_program
     self._stop = stop_event
     self._progress = ProgressWriter(config.logdir)
-    self.networks = builder.make_networks(spec)
-    policy = builder.make_policy(self.networks, spec, config.num_train_envs)
+    self._networks = builder.make_networks(spec)
+    policy = builder.make_policy(self._networks, spec, config.num_train_envs)
     self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
     self.server = InferenceServer(
         policy, spec, config.num_envs, self._sink,
         max_batch_envs=config.inference_batch_envs or config.num_train_envs,
         batch_timeout_s=config.inference_timeout_ms / 1e3)
-    self.learner = builder.make_learner(self.networks, replay, spec)
+    self.learner = builder.make_learner(self._networks, replay, spec)
     self.learner_steps = 0
     self.last_metrics: Dict[str, float] = {}
     self.last_record: Dict[str, Any] = {}
@@ -153,7 +148,7 @@ class CentralNode:
       self._checkpointer.save(self._counters())
     if self._config.export_policy:
       path = os.path.join(self._config.logdir, 'saved_model')
-      export_policy(self._builder.policy_network(self.networks), self._spec, path)
+      export_policy(self._builder.policy_network(self._networks), self._spec, path)
       logging.info('Exported the policy to %s', path)
 
   def _learn(self) -> None:
@@ -189,7 +184,7 @@ class CentralNode:
     free to run Launchpad's SIGTERM handler even while the learner blocks in Reverb.
     """
     if self._stop is None:
-      self._stop = _default_stop_event()
+      self._stop = default_stop_event()
     self._budget_reason = None
     self._learner_error = None
     self._learner_done = threading.Event()

@@ -25,13 +25,9 @@ import launchpad as lp
 from launchpad.nodes import dereference as lp_dereference
 import tree
 
+from seedacme.lifecycle import default_stop_event
 
-def _default_stop_event() -> threading.Event:
-  try:
-    import launchpad as lp  # pylint: disable=g-import-not-at-top
-    return lp.stop_event()
-  except RuntimeError:
-    return threading.Event()
+
 
 
 class Supervisor:
@@ -73,7 +69,7 @@ class Supervisor:
 
   def run(self) -> None:
     if self._stop is None:
-      self._stop = _default_stop_event()
+      self._stop = default_stop_event()
     backoff = self._backoff
     try:
       while not self._stop.is_set():
