@@ -14,9 +14,11 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
                      batch_size=32, learning_rate=1e-3, entropy_cost=0.01,
                      reward_scale=0.1),
     # Atari/DMLab: rewards clipped in the loss; envs report raw scores.
-    'atari': dict(network='lstm', hidden_sizes=(256,), lstm_size=256, reward_clip=1.0,
-                  learning_rate=6e-4, entropy_cost=0.01),
-    'dmlab': dict(network='lstm', hidden_sizes=(256,), lstm_size=256, reward_clip=1.0),
+    # Feed-forward Nature CNN: what 2 CPU cores can train; SEED's own choice is
+    # torso='impala_resnet' with network='lstm' (set them for accelerator runs).
+    'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
+                  learning_rate=6e-4, entropy_cost=0.01, unroll_length=20, batch_size=32),
+    'dmlab': dict(network='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
 }
 
 # R2D2 on small control tasks: short sequences, frequent target updates.
@@ -27,7 +29,7 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'cartpole': dict(burn_in=8, trace_length=20, period=10, n_step=5, discount=0.99,
                      hidden_sizes=(64,), lstm_size=64, learning_rate=1e-3, batch_size=32,
                      target_update_period=200, replay_size=20_000, min_replay_size=500),
-    'atari': dict(reward_clip=1.0),  # paper settings otherwise (R2D2Config defaults)
+    'atari': dict(torso='nature_cnn', lstm_size=512, reward_clip=1.0),  # paper otherwise
 }
 
 

@@ -9,6 +9,7 @@ reset wherever an episode starts.
 
 from typing import Any, Callable, Sequence, Tuple
 
+import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
@@ -77,3 +78,86 @@ class RecurrentCore(snt.Module):
       hidden, cell = s.hidden, s.cell
       outputs.append(out)
     return tf.stack(outputs), (hidden, cell)
+
+
+class Conv2D(snt.Module):
+  """2-D convolution, NHWC. (Sonnet 2.0.0's `snt.Conv2D` calls `collections.Sequence`,
+  which Python 3.10 removed.)"""
+
+  def __init__(self, channels: int, kernel: int, stride: int = 1, padding: str = 'SAME',
+               name: str = 'conv2d'):
+    super().__init__(name=name)
+    self._channels, self._kernel, self._stride, self._padding = (channels, kernel, stride,
+                                                                 padding)
+
+  @snt.once
+  def _create(self, in_channels: int) -> None:
+    fan_in = self._kernel * self._kernel * in_channels
+    init = snt.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(fan_in))
+    self.w = tf.Variable(init([self._kernel, self._kernel, in_channels, self._channels],
+                              tf.float32), name='w')
+    self.b = tf.Variable(tf.zeros([self._channels]), name='b')
+
+  def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    self._create(x.shape[-1])
+    return tf.nn.conv2d(x, self.w, self._stride, self._padding) + self.b
+
+
+class NatureCNN(snt.Module):
+  """DQN's torso (Mnih et al., 2015): 3 conv layers, then a 512-unit ReLU layer."""
+
+  def __init__(self, name: str = 'nature_cnn'):
+    super().__init__(name=name)
+    self._convs = [Conv2D(32, 8, stride=4, padding='VALID'),
+                   Conv2D(64, 4, stride=2, padding='VALID'),
+                   Conv2D(64, 3, stride=1, padding='VALID')]
+    self._linear = snt.Linear(512)
+
+  def __call__(self, observation: tf.Tensor) -> tf.Tensor:
+    x = to_float(observation)
+    for conv in self._convs:
+      x = tf.nn.relu(conv(x))
+    return tf.nn.relu(self._linear(snt.Flatten()(x)))
+
+
+class _ResidualBlock(snt.Module):
+
+  def __init__(self, channels: int, name: str = 'residual_block'):
+    super().__init__(name=name)
+    self._conv0 = Conv2D(channels, 3, padding='SAME')
+    self._conv1 = Conv2D(channels, 3, padding='SAME')
+
+  def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    return x + self._conv1(tf.nn.relu(self._conv0(tf.nn.relu(x))))
+
+
+class ImpalaResNet(snt.Module):
+  """IMPALA's deep torso (SEED's Atari/DMLab network): 3 stacks of conv + max-pool +
+  2 residual blocks with [16, 32, 32] channels, then a 256-unit ReLU layer."""
+
+  def __init__(self, channels: Sequence[int] = (16, 32, 32), name: str = 'impala_resnet'):
+    super().__init__(name=name)
+    self._stacks = [(Conv2D(c, 3, padding='SAME'), _ResidualBlock(c), _ResidualBlock(c))
+                    for c in channels]
+    self._linear = snt.Linear(256)
+
+  def __call__(self, observation: tf.Tensor) -> tf.Tensor:
+    x = to_float(observation)
+    for conv, block0, block1 in self._stacks:
+      x = tf.nn.max_pool2d(conv(x), ksize=3, strides=2, padding='SAME')
+      x = block1(block0(x))
+    return tf.nn.relu(self._linear(snt.Flatten()(tf.nn.relu(x))))
+
+
+TORSOS = ('mlp', 'nature_cnn', 'impala_resnet')
+
+
+def make_torso(kind: str, hidden_sizes: Sequence[int] = (64,)) -> snt.Module:
+  """'mlp' (flatten + MLP), 'nature_cnn' or 'impala_resnet' (frames `[H, W, C]`)."""
+  if kind == 'mlp':
+    return MLPTorso(hidden_sizes)
+  if kind == 'nature_cnn':
+    return NatureCNN()
+  if kind == 'impala_resnet':
+    return ImpalaResNet()
+  raise ValueError(f'Unknown torso {kind!r}; choose one of {", ".join(TORSOS)}')

@@ -37,7 +37,8 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def _network(self, spec: EnvSpec) -> networks.RecurrentQNetwork:
     c = self.config
-    return networks.RecurrentQNetwork(spec.num_actions, c.hidden_sizes, c.lstm_size, c.dueling)
+    return networks.RecurrentQNetwork(spec.num_actions, c.hidden_sizes, c.lstm_size, c.dueling,
+                                      c.torso)
 
   def item_signature(self, spec: EnvSpec) -> Dict[str, Any]:
     n = self.config.sequence_length

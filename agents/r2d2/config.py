@@ -14,6 +14,7 @@ class R2D2Config:
     period: steps between starts of consecutive sequences of one env (paper: 40).
     n_step: n of the n-step double-Q target (paper: 5).
     discount: gamma (paper: 0.997).
+    torso: 'mlp', 'nature_cnn' or 'impala_resnet' (the last two for frames).
     hidden_sizes, lstm_size, dueling: the Q-network.
     learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
     batch_size: sequences per learner step.
@@ -35,6 +36,7 @@ class R2D2Config:
   period: int = 40
   n_step: int = 5
   discount: float = 0.997
+  torso: str = 'mlp'
   hidden_sizes: Tuple[int, ...] = (64,)
   lstm_size: int = 128
   dueling: bool = True

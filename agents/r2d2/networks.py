@@ -10,7 +10,7 @@ from typing import Any, Sequence, Tuple
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.networks import MLPTorso, RecurrentCore, batch_apply
+from seedacme.networks import RecurrentCore, batch_apply, make_torso
 
 Nest = Any
 
@@ -32,9 +32,10 @@ class RecurrentQNetwork(snt.Module):
   """MLP torso -> LSTM -> Q-values; state is the tuple (hidden, cell)."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
-               lstm_size: int = 128, dueling: bool = True, name: str = 'r2d2_q_network'):
+               lstm_size: int = 128, dueling: bool = True, torso: str = 'mlp',
+               name: str = 'r2d2_q_network'):
     super().__init__(name=name)
-    self._core = RecurrentCore(MLPTorso(hidden_sizes), lstm_size)
+    self._core = RecurrentCore(make_torso(torso, hidden_sizes), lstm_size)
     self._head = DuelingHead(num_actions) if dueling else snt.Linear(num_actions, name='q')
 
   def initial_state(self, batch_size: int) -> Nest:

@@ -11,7 +11,8 @@ class VTraceConfig:
   Attributes:
     unroll_length: T, transitions per unroll; unrolls hold T + 1 steps (bootstrap).
     batch_size: unrolls per learner step.
-    network: 'mlp' (feed-forward) or 'lstm'.
+    network: 'mlp' (feed-forward) or 'lstm': the core after the torso.
+    torso: 'mlp', 'nature_cnn' or 'impala_resnet' (the last two for frames).
     hidden_sizes: MLP torso layer sizes.
     lstm_size: LSTM core size (network='lstm').
     learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
@@ -27,6 +28,7 @@ class VTraceConfig:
   unroll_length: int = 20
   batch_size: int = 32
   network: str = 'mlp'
+  torso: str = 'mlp'
   hidden_sizes: Tuple[int, ...] = (64, 64)
   lstm_size: int = 64
   learning_rate: float = 1e-3

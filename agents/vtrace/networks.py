@@ -17,7 +17,7 @@ from typing import Any, Sequence, Tuple
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.networks import MLPTorso, RecurrentCore, batch_apply
+from seedacme.networks import RecurrentCore, batch_apply, make_torso
 
 Nest = Any
 
@@ -38,9 +38,9 @@ class FeedForwardPolicyValue(snt.Module):
   """MLP torso -> (logits, value). Stateless."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
-               name: str = 'feed_forward_policy_value'):
+               torso: str = 'mlp', name: str = 'feed_forward_policy_value'):
     super().__init__(name=name)
-    self._torso = MLPTorso(hidden_sizes)
+    self._torso = make_torso(torso, hidden_sizes)
     self._head = PolicyValueHead(num_actions)
 
   def initial_state(self, batch_size: int) -> Nest:
@@ -59,9 +59,9 @@ class LSTMPolicyValue(snt.Module):
   """MLP torso -> LSTM -> (logits, value). State is the tuple (hidden, cell)."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
-               lstm_size: int = 64, name: str = 'lstm_policy_value'):
+               lstm_size: int = 64, torso: str = 'mlp', name: str = 'lstm_policy_value'):
     super().__init__(name=name)
-    self._core = RecurrentCore(MLPTorso(hidden_sizes), lstm_size)
+    self._core = RecurrentCore(make_torso(torso, hidden_sizes), lstm_size)
     self._head = PolicyValueHead(num_actions)
 
   def initial_state(self, batch_size: int) -> Nest:
@@ -77,10 +77,10 @@ class LSTMPolicyValue(snt.Module):
 
 
 def make_network(kind: str, num_actions: int, hidden_sizes: Sequence[int],
-                 lstm_size: int) -> snt.Module:
-  """'mlp' or 'lstm' policy/value network."""
+                 lstm_size: int, torso: str = 'mlp') -> snt.Module:
+  """'mlp' (feed-forward) or 'lstm' policy/value network on a given torso."""
   if kind == 'mlp':
-    return FeedForwardPolicyValue(num_actions, hidden_sizes)
+    return FeedForwardPolicyValue(num_actions, hidden_sizes, torso)
   if kind == 'lstm':
-    return LSTMPolicyValue(num_actions, hidden_sizes, lstm_size)
+    return LSTMPolicyValue(num_actions, hidden_sizes, lstm_size, torso)
   raise ValueError(f"Unknown network {kind!r}; choose 'mlp' or 'lstm'")
