@@ -29,7 +29,10 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'cartpole': dict(burn_in=8, trace_length=20, period=10, n_step=5, discount=0.99,
                      hidden_sizes=(64,), lstm_size=64, learning_rate=1e-3, batch_size=32,
                      target_update_period=200, replay_size=20_000, min_replay_size=500),
-    'atari': dict(torso='nature_cnn', lstm_size=512, reward_clip=1.0),  # paper otherwise
+    # Paper settings except the replay size: 5k sequences of 121 frames (Reverb compresses
+    # them) fit one machine; use replay_size=1_000_000 on a cluster.
+    'atari': dict(torso='nature_cnn', lstm_size=512, reward_clip=1.0, replay_size=5_000,
+                  min_replay_size=500),
 }
 
 

@@ -145,6 +145,12 @@ class EnvActor:
       reply = self._call(request)
       if reply is None:
         break
+      if 'shutting_down' in reply:
+        # The server is stopping (end of run, or a restart): wait and send it again.
+        logging.info('Actor %d: %s; waiting', self._actor_id, reply['shutting_down'])
+        if self._stop.wait(1.0):
+          break
+        continue
       ts, finished = self._envs.step(reply['action'])
       self.steps += 1
       steps_unreported += len(self.env_ids)

@@ -17,13 +17,15 @@ from typing import Callable, Generic, List, NamedTuple, Sequence, TypeVar, Union
 
 from absl import logging
 
+from seedacme.lifecycle import ShutdownError
+
 T = TypeVar('T')
 R = TypeVar('R')
 
 ProcessFn = Callable[[Sequence[T]], Sequence[Union[R, BaseException]]]
 
 
-class BatcherClosedError(RuntimeError):
+class BatcherClosedError(ShutdownError):
   """Raised to callers whose request is pending when the batcher shuts down."""
 
 
@@ -106,6 +108,9 @@ class RequestBatcher(Generic[T, R]):
         if len(results) != len(batch):
           raise RuntimeError(f'process_fn returned {len(results)} results for '
                              f'{len(batch)} requests')
+      except ShutdownError as e:
+        logging.info('Batch of %d requests dropped at shutdown: %s', len(batch), e)
+        results = [e] * len(batch)
       except BaseException as e:  # pylint: disable=broad-except
         logging.exception('Batch of %d requests failed', len(batch))
         results = [e] * len(batch)
@@ -146,6 +151,10 @@ class RequestBatcher(Generic[T, R]):
         self._batches = self._items = self._units = self._full = 0
         self._latencies.clear()
     return stats
+
+  def stop_intake(self) -> None:
+    """Refuses new requests (BatcherClosedError); the batch in flight may finish."""
+    self._closed.set()
 
   def close(self, timeout_s: float = 5.0) -> None:
     """Stops the batching thread; pending and later requests fail with BatcherClosedError."""

@@ -142,8 +142,16 @@ class CentralNode:
     return {'learner_steps': self.learner_steps, 'env_steps': self.server.env_steps,
             'episodes': self.server.episodes.episodes[False]}
 
+  def _final_record(self) -> Dict[str, Any]:
+    final = self._record()
+    final['stopped_because'] = self._budget_reason or (
+        'learner failed' if self._learner_error else 'stop requested')
+    final['resumed_from_learner_step'] = self.resumed_from
+    return final
+
   def _finish_run(self) -> None:
-    """At the budget: last checkpoint and the policy as a SavedModel."""
+    """At the budget: summary, last checkpoint and the policy as a SavedModel."""
+    self._progress.write_summary(self._final_record())  # rewritten at shutdown
     if self._checkpointer is not None:
       self._checkpointer.save(self._counters())
     if self._config.export_policy:
@@ -152,36 +160,39 @@ class CentralNode:
       logging.info('Exported the policy to %s', path)
 
   def _learn(self) -> None:
-    """The learner loop (a background thread): SGD steps, progress records, budget."""
-    next_progress = time.monotonic() + self._config.progress_interval_s
+    """The learner loop (a background thread): SGD steps until stopped or at the budget."""
     max_steps = self._config.max_learner_steps
     try:
       while not self._stop.is_set() and self._budget_reason is None:
+        if max_steps is not None and self.learner_steps >= max_steps:
+          break  # The main thread notices the budget at its next check.
         metrics = self.learner.step()
         if metrics is not None:
           self.learner_steps += 1
           self.last_metrics = metrics
           if self._config.learner_step_delay_s:
             self._stop.wait(self._config.learner_step_delay_s)
-        if time.monotonic() >= next_progress or (
-            max_steps is not None and self.learner_steps >= max_steps):
-          next_progress = time.monotonic() + self._config.progress_interval_s
-          self.last_record = self._record()
-          self._progress.write(self.last_record)
-          if self._checkpointer is not None:
-            self._checkpointer.maybe_save(self._counters())
-          self._budget_reason = self._budget_reached(self.last_record)
     except BaseException as e:  # pylint: disable=broad-except
       logging.exception('Learner failed')
       self._learner_error = e
     finally:
       self._learner_done.set()
 
+  def _report(self) -> None:
+    """Progress record, periodic checkpoint and budget check (main thread)."""
+    self.last_record = self._record()
+    self._progress.write(self.last_record)
+    if self._checkpointer is not None:
+      self._checkpointer.maybe_save(self._counters())
+    self._budget_reason = self._budget_reached(self.last_record)
+
   def run(self) -> None:
     """Trains until the stop event or the budget; then shuts the program down.
 
-    The learner runs in a background thread; this (main) thread only waits, so it stays
-    free to run Launchpad's SIGTERM handler even while the learner blocks in Reverb.
+    The learner steps in a background thread. This (main) thread reports progress,
+    checkpoints and checks the budget on its own clock -- a slow learner step does not
+    delay them -- and stays free to run Launchpad's SIGTERM handler even while the
+    learner blocks in Reverb.
     """
     if self._stop is None:
       self._stop = default_stop_event()
@@ -190,9 +201,16 @@ class CentralNode:
     self._learner_done = threading.Event()
     learner_thread = threading.Thread(target=self._learn, name='learner', daemon=True)
     learner_thread.start()
+    max_steps = self._config.max_learner_steps
+    next_progress = time.monotonic() + self._config.progress_interval_s
     try:
-      while not self._stop.wait(0.2) and not self._learner_done.is_set():
-        pass
+      while not self._stop.wait(0.2) and self._budget_reason is None:
+        at_max_steps = max_steps is not None and self.learner_steps >= max_steps
+        if time.monotonic() >= next_progress or at_max_steps:
+          next_progress = time.monotonic() + self._config.progress_interval_s
+          self._report()
+        if self._learner_done.is_set() and not at_max_steps:
+          break  # The learner failed.
       reason = self._budget_reason
       if reason and self._stop_program is not None:
         # Ask the launcher to stop every node; keep serving until our own stop signal
@@ -208,15 +226,13 @@ class CentralNode:
         logging.warning('Learner thread still blocked after 3s; exiting without it')
       elif self._checkpointer is not None and not self._budget_reason:
         self._checkpointer.save(self._counters())  # Stopped early: keep what was learned.
-      final = self._record()
-      final['stopped_because'] = self._budget_reason or (
-          'learner failed' if self._learner_error else 'stop requested')
-      final['resumed_from_learner_step'] = self.resumed_from
+      final = self._final_record()
       self._progress.write_summary(final)
       logging.info('Central node stopping (%s): %s', final['stopped_because'],
                    format_line(final))
-      # Sink first: an inference batch blocked on a full table fails at once, so the
-      # batcher can stop without waiting out its timeout.
+      # Refuse new requests, then close the sink (a batch blocked on a full table ends
+      # at once), then stop the batcher: no waiting out timeouts.
+      self.server.stop_intake()
       self._sink.close()
       self.server.close()
       self.learner.close()

@@ -26,6 +26,7 @@ import tree
 from seedacme import batcher as batcher_lib
 from seedacme import protocol
 from seedacme.envs.registry import EnvSpec
+from seedacme.lifecycle import ShutdownError
 from seedacme.policy import ServerPolicy
 
 Nest = Any
@@ -132,7 +133,11 @@ class InferenceServer:
     except protocol.InvalidRequestError:
       self.requests_refused += 1
       raise
-    return self._batcher(parsed, parsed.size)
+    try:
+      return self._batcher(parsed, parsed.size)
+    except ShutdownError as e:
+      # Orderly shutdown: a reply, not an exception (Courier would log a traceback).
+      return {'shutting_down': str(e)}
 
   def _process(self, requests: Sequence[protocol.Request]) -> List[Any]:
     """Runs on the batcher thread: one policy call for all accepted requests."""
@@ -220,6 +225,10 @@ class InferenceServer:
   @property
   def max_batch_envs(self) -> int:
     return self._batcher.max_batch_size
+
+  def stop_intake(self) -> None:
+    """New requests get a `shutting_down` reply; the batch in flight may finish."""
+    self._batcher.stop_intake()
 
   def close(self) -> None:
     self._batcher.close()

@@ -10,3 +10,7 @@ def default_stop_event() -> threading.Event:
     return lp.stop_event()
   except RuntimeError:  # Not inside a Launchpad node (tests, supervised children).
     return threading.Event()
+
+
+class ShutdownError(RuntimeError):
+  """Work refused because the component doing it is stopping (an orderly shutdown)."""

@@ -11,7 +11,8 @@ The request is a dict of numpy arrays (all with leading dimension K):
     step_type    int8 [K]    dm_env.StepType: 0 FIRST, 1 MID, 2 LAST
     greedy       bool        optional; evaluation envs act greedily and are not trained on
 
-The reply is `{'action': int32 [K]}`. `validate_request` turns anything else into an
+The reply is `{'action': int32 [K]}`, or `{'shutting_down': reason}` while the server
+stops (the actor waits and sends the same request again). `validate_request` turns anything else into an
 `InvalidRequestError` whose message names the field and what was wrong; the server
 sends it back to that caller only.
 """

@@ -12,6 +12,7 @@ On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), wait
 little, then kills it: nothing is left behind.
 """
 
+import faulthandler
 import signal
 import subprocess
 import sys
@@ -62,8 +63,10 @@ class Supervisor:
     try:
       child.wait(self._stop_timeout_s)
     except subprocess.TimeoutExpired:
-      logging.warning('%s: child %d ignored SIGTERM for %.0fs; killing it', self._name,
-                      child.pid, self._stop_timeout_s)
+      logging.warning('%s: child %d ignored SIGTERM for %.0fs; its stacks follow, then it '
+                      'is killed', self._name, child.pid, self._stop_timeout_s)
+      child.send_signal(signal.SIGUSR2)  # faulthandler: every thread's stack to the log
+      time.sleep(0.5)
       child.kill()
       child.wait()
 
@@ -143,6 +146,7 @@ class SupervisedCentralNode(lp.CourierNode):
 
 
 def _child_main() -> None:
+  faulthandler.register(signal.SIGUSR2, all_threads=True)
   target, kwargs = cloudpickle.loads(sys.stdin.buffer.read())
   stop = threading.Event()
 

@@ -26,6 +26,8 @@ from absl import logging
 import numpy as np
 import tree
 
+from seedacme.lifecycle import ShutdownError
+
 Nest = Any
 # Batch of sequences `[N, length, ...]` -> N (priority, Reverb item) pairs.
 ToItems = Callable[[Nest], Sequence[Tuple[float, Dict[str, Any]]]]
@@ -99,7 +101,7 @@ class SequenceAssembler:
     return int(done.size)
 
 
-class WriterClosedError(RuntimeError):
+class WriterClosedError(ShutdownError):
   """The writer was closed while a caller waited to hand it sequences."""
 
 

@@ -39,7 +39,7 @@ def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   records = run.progress()
   assert len(records) >= 3
   steps = [r['env_steps'] for r in records]
-  assert steps == sorted(steps) and steps[-1] > steps[0] > 0
+  assert steps == sorted(steps) and steps[-1] > max(steps[0], 0)
   assert records[-1]['learner_steps'] > 0
   assert records[0]['average_return'] is None or records[0]['average_return'] < 0.5
   assert max(r['average_return'] or -1 for r in records) >= 0.9
