@@ -36,7 +36,7 @@ class R2D2Policy(TFServerPolicy):
     self._num_actions = spec.num_actions
     self.epsilons = apex_epsilons(num_train_envs, epsilon_base, epsilon_alpha)
     self._evaluation_epsilon = evaluation_epsilon
-    self._step = tf.function(self._step_graph, experimental_relax_shapes=True)
+    self._step = tf.function(self._step_graph, jit_compile=True)  # see vtrace/acting.py
 
   def epsilon_of(self, env_ids: np.ndarray, greedy: np.ndarray) -> np.ndarray:
     """Per-env epsilon for a batch (training ids index the Ape-X schedule)."""
