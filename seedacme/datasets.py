@@ -12,6 +12,11 @@ import reverb
 import tensorflow as tf
 
 
+def time_major(x: tf.Tensor) -> tf.Tensor:
+  """`[B, T, ...]` (as items are batched) to `[T, B, ...]` (as losses want them)."""
+  return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+
+
 class ReverbBatches:
   """Iterates `[batch_size, ...]` batches of whole items from one Reverb table."""
 

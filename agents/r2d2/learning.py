@@ -11,14 +11,11 @@ import tensorflow as tf
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
 from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches
+from seedacme.datasets import ReverbBatches, time_major
 
 _FIRST = int(dm_env.StepType.FIRST)
 _LAST = int(dm_env.StepType.LAST)
 
-
-def _time_major(x: tf.Tensor) -> tf.Tensor:
-  return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
 
 def importance_weights(probabilities: tf.Tensor, table_size: tf.Tensor,
@@ -31,8 +28,8 @@ def importance_weights(probabilities: tf.Tensor, table_size: tf.Tensor,
 def sequence_loss(network: snt.Module, target_network: snt.Module,
                   batch: Dict[str, tf.Tensor], weights: tf.Tensor, config: R2D2Config):
   """Loss and priorities of a batch of sequences (batch-major, as stored in Reverb)."""
-  observation = _time_major(batch['observation'])
-  step_type = _time_major(batch['step_type'])
+  observation = time_major(batch['observation'])
+  step_type = time_major(batch['step_type'])
   first = tf.equal(step_type, _FIRST)
   state = batch['initial_state']
   target_state = state
@@ -44,12 +41,12 @@ def sequence_loss(network: snt.Module, target_network: snt.Module,
     state = tf.nest.map_structure(tf.stop_gradient, state)
   online_q, _ = network.unroll(observation[b:], first[b:], state)
   target_q, _ = target_network.unroll(observation[b:], first[b:], target_state)
-  rewards = tf.cast(_time_major(batch['reward'])[b + 1:], tf.float32)
+  rewards = tf.cast(time_major(batch['reward'])[b + 1:], tf.float32)
   if config.reward_clip is not None:
     rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
-  discounts = config.discount * tf.cast(_time_major(batch['discount'])[b + 1:], tf.float32)
+  discounts = config.discount * tf.cast(time_major(batch['discount'])[b + 1:], tf.float32)
   mask = tf.not_equal(step_type[b:-1], _LAST)
-  actions = _time_major(batch['action'])[b:-1]
+  actions = time_major(batch['action'])[b:-1]
   return losses.r2d2_loss(online_q, tf.stop_gradient(target_q), actions, rewards, discounts,
                           mask, weights, config.n_step, config.priority_eta,
                           config.value_rescaling_epsilon)

@@ -10,15 +10,11 @@ import tensorflow as tf
 from seedacme.agents.vtrace import losses
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches
+from seedacme.datasets import ReverbBatches, time_major
 
 _FIRST = int(dm_env.StepType.FIRST)
 _LAST = int(dm_env.StepType.LAST)
 
-
-def _time_major(x: tf.Tensor) -> tf.Tensor:
-  perm = [1, 0] + list(range(2, x.shape.rank))
-  return tf.transpose(x, perm)
 
 
 def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
@@ -30,12 +26,12 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
   (x_t, a_t) -> x_{t+1}: its reward and discount are those stored at t + 1, and it does
   not exist when x_t is an episode's LAST step (the next step starts a new episode).
   """
-  observation = _time_major(batch['observation'])
-  step_type = _time_major(batch['step_type'])
-  reward = tf.cast(_time_major(batch['reward']), tf.float32)
-  discount = tf.cast(_time_major(batch['discount']), tf.float32)
-  action = _time_major(batch['action'])
-  behaviour_logits = _time_major(batch['logits'])
+  observation = time_major(batch['observation'])
+  step_type = time_major(batch['step_type'])
+  reward = tf.cast(time_major(batch['reward']), tf.float32)
+  discount = tf.cast(time_major(batch['discount']), tf.float32)
+  action = time_major(batch['action'])
+  behaviour_logits = time_major(batch['logits'])
   initial_state = batch.get('initial_state', ())
 
   logits, values = network.unroll(observation, tf.equal(step_type, _FIRST), initial_state)
