@@ -164,32 +164,10 @@ class InferenceServer:
     discount = np.concatenate([r.discount for r in batch])
     observation = np.concatenate([r.observation for r in batch])
     greedy = np.concatenate([np.full(r.size, r.greedy) for r in batch])
-    table = self._table
+    self._reset_restarted_envs(env_ids, run_ids)
+    self._track_episodes(env_ids, step_type, reward)
 
-    changed = table.run_ids[env_ids] != run_ids
-    restarted = env_ids[changed]
-    if restarted.size:
-      known = restarted[table.run_ids[restarted] >= 0]
-      if known.size:
-        self.actor_restarts += 1
-        logging.info('Run id changed for %d envs (actor restart): resetting their '
-                     'state and dropping partial trajectories', known.size)
-      table.run_ids[restarted] = run_ids[changed]
-      table.reset(restarted)
-      table.episode_return[restarted] = 0
-      table.episode_length[restarted] = 0
-      if self._sink is not None:
-        self._sink.reset(restarted)
-
-    first = step_type == _FIRST
-    table.reset(env_ids[first])
-    table.episode_return[env_ids[first]] = 0
-    table.episode_length[env_ids[first]] = 0
-    not_first = env_ids[~first]
-    table.episode_return[not_first] += reward[~first]
-    table.episode_length[not_first] += 1
-
-    state = table.gather(env_ids)
+    state = self._table.gather(env_ids)
     out = self._policy.step(observation, state, greedy, env_ids)
     action = np.asarray(out.action, np.int32)
 
@@ -201,15 +179,9 @@ class InferenceServer:
               'extras': {k: np.asarray(v)[train] for k, v in out.extras.items()},
               'state': tree.map_structure(lambda x: x[train], state)}
       self._sink.add(env_ids[train], step)
-
-    table.scatter(env_ids, out.state)
-    table.prev_action[env_ids] = action
-    last = step_type == _LAST
-    for is_greedy in (False, True):
-      ended = env_ids[last & (greedy == is_greedy)]
-      if ended.size:
-        self.episodes.record(is_greedy, table.episode_return[ended],
-                             table.episode_length[ended])
+    self._table.scatter(env_ids, out.state)
+    self._table.prev_action[env_ids] = action
+    self._record_finished_episodes(env_ids, step_type, greedy)
     self.env_steps += int(train.sum())
     self.eval_env_steps += int((~train).sum())
 
@@ -218,6 +190,45 @@ class InferenceServer:
       results[i] = {'action': action[offset:offset + r.size]}
       offset += r.size
     return results
+
+  def _reset_restarted_envs(self, env_ids: np.ndarray, run_ids: np.ndarray) -> None:
+    """A changed run id means the actor restarted: fresh state, partial unroll dropped."""
+    table = self._table
+    changed = table.run_ids[env_ids] != run_ids
+    restarted = env_ids[changed]
+    if not restarted.size:
+      return
+    known = restarted[table.run_ids[restarted] >= 0]
+    if known.size:
+      self.actor_restarts += 1
+      logging.info('Run id changed for %d envs (actor restart): resetting their '
+                   'state and dropping partial trajectories', known.size)
+    table.run_ids[restarted] = run_ids[changed]
+    table.reset(restarted)
+    table.episode_return[restarted] = 0
+    table.episode_length[restarted] = 0
+    if self._sink is not None:
+      self._sink.reset(restarted)
+
+  def _track_episodes(self, env_ids: np.ndarray, step_type: np.ndarray,
+                      reward: np.ndarray) -> None:
+    """Episode starts reset the recurrent state; returns and lengths accumulate."""
+    table = self._table
+    first = step_type == _FIRST
+    table.reset(env_ids[first])
+    table.episode_return[env_ids[first]] = 0
+    table.episode_length[env_ids[first]] = 0
+    table.episode_return[env_ids[~first]] += reward[~first]
+    table.episode_length[env_ids[~first]] += 1
+
+  def _record_finished_episodes(self, env_ids: np.ndarray, step_type: np.ndarray,
+                                greedy: np.ndarray) -> None:
+    last = step_type == _LAST
+    for is_greedy in (False, True):
+      ended = env_ids[last & (greedy == is_greedy)]
+      if ended.size:
+        self.episodes.record(is_greedy, self._table.episode_return[ended],
+                             self._table.episode_length[ended])
 
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     return self._batcher.stats(reset)
