@@ -36,6 +36,20 @@ def leftover_processes(tag: str) -> List[int]:
   return pids
 
 
+def checkpointed_learner_step(logdir: str) -> int | None:
+  """Learner step of the latest checkpoint under `<logdir>/checkpoints` (None: none yet)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
+  if path is None:
+    return None
+  return int(tf.train.load_variable(path, 'learner_steps/.ATTRIBUTES/VARIABLE_VALUE'))
+
+
+def target_value(summary: Dict) -> float:
+  """The return that met the target, from `stopped_because` ('... return X >= target Y')."""
+  return float(summary['stopped_because'].split()[2])
+
+
 class Run:
   """A launched program: its process, logdir and what it printed."""
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.launch import Run
+from tests.integration.launch import Run, checkpointed_learner_step, target_value
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   summary = run.json('summary.json')
   # (The summary's own average is taken a moment later and may dip below the target.)
   assert 'target' in summary['stopped_because'], summary
-  assert float(summary['stopped_because'].split()[2]) >= 0.9
+  assert target_value(summary) >= 0.9
   assert summary['average_return'] > 0.5
   assert re.search(r'final average return \d', out), out[-2000:]
 
@@ -121,7 +121,7 @@ def test_vtrace_solves_cartpole(tmp_path):
   assert not leftovers
   summary = run.json('summary.json')
   assert 'target' in summary['stopped_because'], summary
-  assert float(summary['stopped_because'].split()[2]) >= 475
+  assert target_value(summary) >= 475
 
 
 @pytest.mark.timeout(360)
@@ -136,7 +136,7 @@ def test_r2d2_solves_catch_with_priority_updates(tmp_path):
   assert not leftovers
   summary = run.json('summary.json')
   assert 'eval_average return' in summary['stopped_because'], summary
-  assert float(summary['stopped_because'].split()[2]) >= 0.9
+  assert target_value(summary) >= 0.9
   records = run.progress()
   # Replay fills, is sampled, and the learner writes priorities back -- all visible.
   assert records[-1]['replay_size'] > 0 and records[-1]['replay_samples'] > 0
@@ -158,15 +158,8 @@ def test_r2d2_solves_cartpole_greedy(tmp_path):
     leftovers = run.wait_for_no_leftovers()
   assert code == 0, run.output[-3000:]
   assert not leftovers
-  assert float(run.json('summary.json')['stopped_because'].split()[2]) >= 475
+  assert target_value(run.json('summary.json')) >= 475
 
-
-def _checkpointed_learner_step(logdir):
-  import tensorflow as tf
-  path = tf.train.latest_checkpoint(os.path.join(logdir, 'checkpoints'))
-  if path is None:
-    return None
-  return int(tf.train.load_variable(path, 'learner_steps/.ATTRIBUTES/VARIABLE_VALUE'))
 
 
 @pytest.mark.timeout(420)
@@ -178,7 +171,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     deadline = time.monotonic() + 180
     saved = None
     while time.monotonic() < deadline and first.proc.poll() is None:
-      saved = _checkpointed_learner_step(logdir)
+      saved = checkpointed_learner_step(logdir)
       if saved:
         break
       time.sleep(1)
@@ -186,7 +179,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
   finally:
     first.kill()  # SIGKILL every process: a lost machine, no shutdown handlers run
   assert not first.wait_for_no_leftovers()
-  saved = _checkpointed_learner_step(logdir)  # the last one written before the kill
+  saved = checkpointed_learner_step(logdir)  # the last one written before the kill
 
   second = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '300', '--max_learner_steps',
                 str(saved + 20), '--progress_interval_s', '1'], str(tmp_path / 'second'),
