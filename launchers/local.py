@@ -60,6 +60,14 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       "unreachable from other machines; host: the machine's network")
   parser.add_argument('--learner_step_delay_s', type=float, default=0.0,
                       help='testing: pause after each learner step (a slow learner)')
+  parser.add_argument('--inference', choices=('central', 'actor'), default='central',
+                      help="central: SEED, one batched policy on the learner node for all "
+                      "actors; actor: Acme's pattern, every actor runs its own network copy "
+                      "and pulls parameters from the learner")
+  parser.add_argument('--variable_update_period', type=int, default=100,
+                      help='--inference actor: fetch parameters every this many calls')
+  parser.add_argument('--acting_only', action='store_true',
+                      help='no learner and no trajectories: measures acting throughput')
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
@@ -184,14 +192,16 @@ def main(argv: List[str] | None = None) -> int:
       target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
       checkpoint_interval_s=args.checkpoint_interval_s or None,
-      learner_step_delay_s=args.learner_step_delay_s)
+      learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
+      variable_update_period=args.variable_update_period, train=not args.acting_only)
   # A rerun with the same logdir resumes: progress.jsonl keeps growing (the curve spans
   # every run); only the previous summary goes.
   if os.path.exists(os.path.join(logdir, 'summary.json')):
     os.remove(os.path.join(logdir, 'summary.json'))
 
   print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
-        f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs; '
+        f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs, '
+        f'{args.inference} inference{" (acting only)" if args.acting_only else ""}; '
         f'logdir {logdir}', flush=True)
   program = program_lib.make_program(
       builder, factory, spec, config,

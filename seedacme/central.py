@@ -9,16 +9,19 @@ latest parameters and no parameters cross the network.
 import os
 import threading
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Sequence
 
 from absl import logging
+import numpy as np
 
+from seedacme.actor_side_inference import POLICY_VARIABLES, ActingReports
 from seedacme.builder import SeedBuilder
 from seedacme.checkpointing import Checkpointer, export_policy
 from seedacme.config import ProgramConfig
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
 from seedacme.lifecycle import default_stop_event
+from seedacme.protocol import InvalidRequestError
 from seedacme.progress import ProgressWriter, format_line
 
 
@@ -39,12 +42,19 @@ class CentralNode:
     self._stop = stop_event
     self._progress = ProgressWriter(config.logdir)
     self._networks = builder.make_networks(spec)
-    policy = builder.make_policy(self._networks, spec, config.num_train_envs)
-    self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
-    self.server = InferenceServer(
-        policy, spec, config.num_envs, self._sink,
-        max_batch_envs=config.inference_batch_envs or config.num_train_envs,
-        batch_timeout_s=config.inference_timeout_ms / 1e3)
+    self._policy_variables = builder.policy_network(self._networks).variables
+    self._sink = None
+    if config.inference == 'central':
+      policy = builder.make_policy(self._networks, spec, config.num_train_envs)
+      if config.train:
+        self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
+      self.server = InferenceServer(
+          policy, spec, config.num_envs, self._sink,
+          max_batch_envs=config.inference_batch_envs or config.num_train_envs,
+          batch_timeout_s=config.inference_timeout_ms / 1e3)
+    else:
+      # Actors run their own policy copies and report what they did.
+      self.server = ActingReports(config.num_actors, config.envs_per_actor)
     self.learner = builder.make_learner(self._networks, replay, spec)
     self.learner_steps = 0
     self.last_metrics: Dict[str, float] = {}
@@ -66,9 +76,11 @@ class CentralNode:
                                  f'{self.learner_steps}, env step {self.server.env_steps}')
     self._start = time.monotonic()
     self._last = (self._start, self.server.env_steps, self.learner_steps)
-    logging.info('Central node ready: %d envs (%d training), batch of %d envs, '
-                 'timeout %.1f ms', config.num_envs, config.num_train_envs,
-                 self.server.max_batch_envs, config.inference_timeout_ms)
+    logging.info('Central node ready (%s inference%s): %d envs (%d training), batch of '
+                 '%d envs, timeout %.1f ms', config.inference,
+                 '' if config.train else ', acting only', config.num_envs,
+                 config.num_train_envs, self.server.max_batch_envs,
+                 config.inference_timeout_ms)
 
   # ---- Courier methods -------------------------------------------------------------
   def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,6 +90,20 @@ class CentralNode:
   def progress(self) -> Dict[str, Any]:
     """The latest progress record."""
     return dict(self.last_record)
+
+  def get_variables(self, names: Sequence[str]) -> List[List[np.ndarray]]:
+    """Acme's `VariableSource`: the policy's parameters, for actor-side inference."""
+    unknown = [n for n in names if n != POLICY_VARIABLES]
+    if unknown:
+      raise ValueError(f'unknown variable collections {unknown}; the central node '
+                       f'serves {POLICY_VARIABLES!r}')
+    return [[v.numpy() for v in self._policy_variables] for _ in names]
+
+  def report_acting(self, report: Dict[str, Any]) -> None:
+    """Progress from an actor that runs its own inference (`inference='actor'`)."""
+    if not isinstance(self.server, ActingReports):
+      raise InvalidRequestError('report_acting: this program runs central inference')
+    self.server.report(report)
 
   # ---- learner loop ----------------------------------------------------------------
   def _replay_stats(self) -> Dict[str, Any]:
@@ -118,7 +144,13 @@ class CentralNode:
         'actor_restarts': server.actor_restarts,
         'requests_refused': server.requests_refused,
     }
-    record.update({f'trajectory_{k}': v for k, v in self._sink.stats().items()})
+    if self._sink is not None:
+      trajectory = self._sink.stats()
+    elif isinstance(server, ActingReports):
+      trajectory = server.trajectory_stats()
+    else:
+      trajectory = {}
+    record.update({f'trajectory_{k}': v for k, v in trajectory.items()})
     record.update({f'learner_{k}': v for k, v in self.last_metrics.items()})
     self._last = (now, server.env_steps, self.learner_steps)
     return record
@@ -200,7 +232,8 @@ class CentralNode:
     self._learner_error = None
     self._learner_done = threading.Event()
     learner_thread = threading.Thread(target=self._learn, name='learner', daemon=True)
-    learner_thread.start()
+    if self._config.train:
+      learner_thread.start()
     max_steps = self._config.max_learner_steps
     next_progress = time.monotonic() + self._config.progress_interval_s
     try:
@@ -221,7 +254,8 @@ class CentralNode:
         self._stop.wait(60)
     finally:
       self._stop.set()
-      learner_thread.join(3)
+      if self._config.train:
+        learner_thread.join(3)
       if learner_thread.is_alive():
         logging.warning('Learner thread still blocked after 3s; exiting without it')
       elif self._checkpointer is not None and not self._budget_reason:
@@ -233,7 +267,8 @@ class CentralNode:
       # Refuse new requests, then close the sink (a batch blocked on a full table ends
       # at once), then stop the batcher: no waiting out timeouts.
       self.server.stop_intake()
-      self._sink.close()
+      if self._sink is not None:
+        self._sink.close()
       self.server.close()
       self.learner.close()
     if self._learner_error is not None:

@@ -32,6 +32,15 @@ class ProgramConfig:
       that are restarted when they die (seedacme.supervisor).
     learner_step_delay_s: pause after every learner step: simulates a slow learner
       (backpressure tests and demos); 0 in real runs.
+    inference: where the policy runs. 'central': SEED -- one batched policy on the
+      central node for all actors, env-only actors. 'actor': Acme's distributed
+      pattern -- every actor holds a network copy, acts for its own K envs, writes its
+      own trajectories and pulls parameters from the learner
+      (`seedacme.actor_side_inference`). Everything else is identical.
+    variable_update_period: with inference='actor', actors fetch fresh parameters
+      every this many inference calls (in the background, as Acme's VariableClient).
+    train: False runs acting only (no trajectories written, no learner steps): for
+      measuring acting throughput without the learner as the bottleneck.
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -52,6 +61,9 @@ class ProgramConfig:
   export_policy: bool = True
   supervise: bool = True
   learner_step_delay_s: float = 0.0
+  inference: str = 'central'
+  variable_update_period: int = 100
+  train: bool = True
 
   @property
   def num_train_envs(self) -> int:
@@ -71,5 +83,10 @@ class ProgramConfig:
       raise ValueError(f"target_on must be 'train' or 'eval', got {self.target_on!r}")
     if self.target_on == 'eval' and self.target_return is not None and not self.num_eval_envs:
       raise ValueError("target_on='eval' needs an evaluator (num_eval_envs > 0)")
+    if self.inference not in ('central', 'actor'):
+      raise ValueError(f"inference must be 'central' or 'actor', got {self.inference!r}")
+    if self.variable_update_period < 1:
+      raise ValueError(
+          f'variable_update_period must be >= 1, got {self.variable_update_period}')
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

@@ -16,7 +16,7 @@ lives (`EnvStateTable`). Per inference batch the server
 
 import collections
 import threading
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from absl import logging
 import dm_env
@@ -76,12 +76,17 @@ class EpisodeLog:
     self.lengths = {False: collections.deque(maxlen=window),
                     True: collections.deque(maxlen=eval_window)}
     self.episodes = {False: 0, True: 0}
+    # Called with every recorded batch (actor-side inference forwards them to the
+    # central node's progress).
+    self.listener: Callable[[bool, np.ndarray, np.ndarray], None] | None = None
 
   def record(self, greedy: bool, returns: np.ndarray, lengths: np.ndarray) -> None:
     with self._lock:
       self.returns[greedy].extend(returns.tolist())
       self.lengths[greedy].extend(lengths.tolist())
       self.episodes[greedy] += len(returns)
+    if self.listener is not None:
+      self.listener(greedy, returns, lengths)
 
   def summary(self, greedy: bool) -> Dict[str, float]:
     with self._lock:

@@ -2,7 +2,8 @@
 
     replay     Reverb tables from the builder
     learner    `CentralNode`: inference service (Courier) + learner thread
-    actor x N  `EnvActor`: env-only, K envs each
+    actor x N  `EnvActor`: env-only, K envs each (inference='actor': each with its
+               own policy copy, `seedacme.actor_side_inference`)
     evaluator  `EnvActor(greedy=True)` through the same inference service
     counter    Acme `Counter`
 
@@ -22,6 +23,7 @@ from launchpad.nodes.python import local_multi_processing
 
 from seedacme import supervisor
 from seedacme.actor import EnvActor, run_actor
+from seedacme.actor_side_inference import run_actor_with_inference
 from seedacme.builder import SeedBuilder
 from seedacme.central import CentralNode
 from seedacme.config import ProgramConfig
@@ -97,9 +99,19 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
     learner = program.add_node(node)
 
   def actor_node(name: str, **kwargs):
-    kwargs.update(inference=learner, env_factory=env_factory, counter=counter)
+    kwargs.update(env_factory=env_factory, counter=counter)
+    if config.inference == 'actor':
+      # Acme's pattern: the actor runs its own policy copy (seedacme.actor_side_inference).
+      kwargs.update(central=learner, replay_address=replay_node.reverb_address,
+                    payload=cloudpickle.dumps((builder, spec, config)))
+      target = run_actor_with_inference
+    else:
+      kwargs.update(inference=learner)
+      target = run_actor
     if config.supervise:
-      return lp.PyNode(supervisor.run_supervised, target=run_actor, name=name, **kwargs)
+      return lp.PyNode(supervisor.run_supervised, target=target, name=name, **kwargs)
+    if config.inference == 'actor':
+      return lp.PyNode(target, **kwargs)
     return lp.PyClassNode(EnvActor, **kwargs)
 
   with program.group('actor'):
