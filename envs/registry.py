@@ -57,13 +57,66 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
   return dmlab.make_dmlab(seed, level=level)
 
 
-def _make_atari(seed: int, game: str = 'Pong', **kwargs) -> dm_env.Environment:
-  from seedacme.envs import atari
-  return atari.make_atari(seed, game=game, **kwargs)
+ENGINES = ('python', 'vector_sync', 'vector_async')
+
+
+@dataclasses.dataclass(frozen=True)
+class AtariFactory:
+  """Atari's env factory: `factory(seed)` is one env (envs/atari.py); `make_engine` K.
+
+  `engine` chooses how an actor steps its K envs: 'python' (`BatchedEnv`, a loop over K
+  gymnasium envs), 'vector_sync' or 'vector_async' (ale-py's C++ engine, all K at once
+  or as two half batches; envs/atari_vector.py). `num_threads` is the C++ engine's
+  worker threads (0: one per core).
+  """
+  game: str = 'Pong'
+  engine: str = 'python'
+  num_threads: int = 0
+  noop_max: int = 30
+  frame_skip: int = 4
+  frame_stack: int = 4
+  repeat_action_probability: float = 0.0
+  full_action_space: bool = False
+
+  def __post_init__(self):
+    if self.engine not in ENGINES:
+      raise ValueError(f'unknown env engine {self.engine!r}; known: {", ".join(ENGINES)}')
+
+  def _preprocessing(self) -> dict:
+    return dict(noop_max=self.noop_max, frame_skip=self.frame_skip,
+                frame_stack=self.frame_stack, full_action_space=self.full_action_space,
+                repeat_action_probability=self.repeat_action_probability)
+
+  def __call__(self, seed: int) -> dm_env.Environment:
+    from seedacme.envs import atari
+    return atari.make_atari(seed, game=self.game, **self._preprocessing())
+
+  def make_engine(self, num_envs: int, seed: int = 0):
+    """K envs (env i seeded with seed + i) stepped by the chosen engine."""
+    if self.engine == 'python':
+      from seedacme.envs.batched import BatchedEnv
+      return BatchedEnv(self, num_envs, seed=seed)
+    from seedacme.envs import atari_vector
+    return atari_vector.make_vector_engine(self.engine, self.game, num_envs, seed,
+                                           num_threads=self.num_threads,
+                                           **self._preprocessing())
+
+
+def make_engine(factory: EnvFactory, num_envs: int, seed: int = 0):
+  """How an actor steps K envs of `factory`: the factory's own engine if it has one.
+
+  Returns a `BatchedEnv`-like engine (`reset`, `step`) or a half-batch engine (`recv`,
+  `send`; envs/atari_vector.py). Factories without `make_engine` get `BatchedEnv`.
+  """
+  make = getattr(factory, 'make_engine', None)
+  if make is not None:
+    return make(num_envs, seed)
+  from seedacme.envs.batched import BatchedEnv
+  return BatchedEnv(factory, num_envs, seed=seed)
 
 
 _FACTORIES = {
-    'atari': _make_atari,
+    'atari': AtariFactory,
     'catch': _make_catch,
     'cartpole': _make_cartpole,
     'dmlab': _make_dmlab,
@@ -72,10 +125,19 @@ ENV_NAMES = tuple(sorted(_FACTORIES))
 
 
 def make_factory(name: str, **kwargs) -> EnvFactory:
-  """Returns a picklable `factory(seed) -> dm_env.Environment` for `name`."""
+  """Returns a picklable `factory(seed) -> dm_env.Environment` for `name`.
+
+  `engine` (see `ENGINES`) picks how actors step their envs; only Atari has engines
+  other than 'python'.
+  """
   try:
     fn = _FACTORIES[name]
   except KeyError:
     raise ValueError(
         f'Unknown environment {name!r}; known: {", ".join(ENV_NAMES)}') from None
+  if fn is AtariFactory:
+    return AtariFactory(**kwargs)
+  engine = kwargs.pop('engine', 'python')
+  if engine != 'python':
+    raise ValueError(f'{name} has no env engine {engine!r}; only atari has vector engines')
   return functools.partial(fn, **kwargs)

@@ -22,6 +22,7 @@ from seedacme import envs
 from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
 from seedacme.curves import write_curves
+from seedacme.envs.registry import ENGINES
 from seedacme.progress import format_line
 
 
@@ -51,6 +52,10 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       help='default: ./runs/<env>_<agent>_<time>')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--game', default=None, help='Atari game (default Pong)')
+  parser.add_argument('--env_engine', choices=ENGINES, default='python',
+                      help="how actors step their envs: python (a loop over K envs), "
+                      "vector_sync/vector_async (Atari only: ale-py's C++ engine, all K at "
+                      "once or two halves of K/2 overlapped with inference)")
   parser.add_argument('--level', default=None,
                       help='DMLab level (a DMLab-30 name or a level script path)')
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
@@ -172,7 +177,13 @@ def main(argv: List[str] | None = None) -> int:
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
   env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
-  factory = envs.make_factory(args.env, **env_kwargs)
+  if args.env_engine != 'python':
+    env_kwargs['engine'] = args.env_engine  # the factory carries it to the actors
+  try:
+    factory = envs.make_factory(args.env, **env_kwargs)
+  except ValueError as e:  # e.g. --env_engine vector_sync for a non-Atari env
+    print(f'seedacme: {e}', file=sys.stderr)
+    return 2
   try:
     probe = factory(args.seed)
   except ImportError as e:  # an environment that needs a module built by the user
@@ -186,6 +197,9 @@ def main(argv: List[str] | None = None) -> int:
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
       num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,
       eval_episodes=args.eval_episodes, inference_timeout_ms=args.inference_timeout_ms,
+      # Half-batch actors have K/2 envs waiting each: a full batch is half of every actor.
+      inference_batch_envs=(args.num_actors * max(1, args.envs_per_actor // 2)
+                            if args.env_engine == 'vector_async' else None),
       max_seconds=args.max_seconds or None,
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,

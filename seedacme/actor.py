@@ -4,6 +4,13 @@ An actor process imports numpy, dm_env, Courier and its environments -- never
 TensorFlow or a network. Each step it sends the K current timesteps of its envs to the
 inference server in ONE call and applies the K actions it gets back.
 
+The env factory chooses the engine (`envs.registry.make_engine`). A `BatchedEnv`-like
+engine steps all K envs per call. A half-batch engine (Atari's 'vector_async',
+envs/atari_vector.py) hands out K/2 envs at a time: the actor sends that half's request
+and, while the server answers, the engine's C++ threads step the other half; each
+request carries the env ids of its own half. Both are driven by the same
+`recv` -> call -> `send` loop (`Lockstep` adapts the first kind).
+
 Each actor draws a fresh random run id when it starts. The server compares run ids per
 env: after a crash and restart the new id tells it to reset those envs' recurrent state
 and drop their partial unrolls.
@@ -22,8 +29,9 @@ from absl import logging
 import numpy as np
 
 from seedacme import protocol
-from seedacme.envs.batched import BatchedEnv
-from seedacme.envs.registry import EnvFactory
+from seedacme.envs.atari_vector import SlotStep
+from seedacme.envs.batched import EpisodeStats
+from seedacme.envs.registry import EnvFactory, make_engine
 from seedacme.lifecycle import default_stop_event
 
 SERVER_ERROR_MARKER = 'Python exception was raised on the server'
@@ -34,6 +42,40 @@ SERVER_ERROR_MARKER = 'Python exception was raised on the server'
 def new_run_id() -> int:
   """A random non-negative 63-bit id."""
   return int.from_bytes(os.urandom(8), 'little') >> 1
+
+
+class Lockstep:
+  """Drives a `BatchedEnv`-like engine (`reset`, `step`) through `recv`/`send`.
+
+  `recv()` returns all K envs (the first call resets them); `send(actions)` steps them.
+  """
+
+  def __init__(self, envs: Any):
+    self._envs = envs
+    self.spec = envs.spec
+    self.num_envs = envs.num_envs
+    self.batch_size = envs.num_envs
+    self._slots = np.arange(envs.num_envs, dtype=np.int64)
+    self._pending: SlotStep | None = None
+
+  def recv(self) -> SlotStep:
+    """The K current timesteps (reset on the first call)."""
+    if self._pending is None:
+      return SlotStep(self._slots, self._envs.reset(), EpisodeStats([], []))
+    pending, self._pending = self._pending, None
+    return pending
+
+  def send(self, actions: np.ndarray) -> None:
+    """Steps all K envs; `recv()` returns the result."""
+    self._pending = SlotStep(self._slots, *self._envs.step(actions))
+
+  def close(self) -> None:
+    self._envs.close()
+
+
+def half_batch_driver(engine: Any) -> Any:
+  """`engine` itself if it has `recv`/`send`, else `Lockstep(engine)`."""
+  return engine if hasattr(engine, 'recv') else Lockstep(engine)
 
 
 class EnvActor:
@@ -51,7 +93,8 @@ class EnvActor:
 
     Args:
       inference: a Courier client of the central node (has `step(request)`).
-      env_factory: `factory(seed) -> dm_env.Environment`.
+      env_factory: `factory(seed) -> dm_env.Environment`; a `make_engine(num_envs,
+        seed)` method, if it has one, builds the K envs (envs.registry.make_engine).
       actor_id: index of this actor (for logs).
       num_envs: K, envs stepped per call.
       first_env_id: global id of this actor's first env; its envs are
@@ -59,7 +102,8 @@ class EnvActor:
       counter: optional Courier client of an Acme `Counter`.
       greedy: act greedily and keep out of training data (evaluator).
       seed: env seeds are seed + i.
-      max_steps: stop after this many batched steps (None: until stopped).
+      max_steps: stop after this many inference calls (None: until stopped); a call
+        covers all K envs, or K/2 with a half-batch engine.
       eval_interval_s, eval_episodes: evaluation schedule (greedy actors only): every
         `eval_interval_s`, play until `eval_episodes` more episodes have finished,
         then idle. 0: evaluate continuously.
@@ -67,7 +111,7 @@ class EnvActor:
       stop_event: set to stop; default is Launchpad's stop event.
     """
     self._inference = inference
-    self._envs = BatchedEnv(env_factory, num_envs, seed=seed)
+    self._envs = half_batch_driver(make_engine(env_factory, num_envs, seed=seed))
     self._actor_id = actor_id
     self._counter = counter
     self._greedy = greedy
@@ -79,7 +123,8 @@ class EnvActor:
     self._stop = stop_event
     self.env_ids = np.arange(first_env_id, first_env_id + num_envs, dtype=np.int64)
     self.run_id = new_run_id()
-    self.steps = 0
+    self.steps = 0  # inference calls answered with actions
+    self.env_steps = 0
     self.episode_returns = collections.deque(maxlen=1000)  # recent, for tests/logs
 
   def _call(self, request):
@@ -124,10 +169,11 @@ class EnvActor:
     if self._stop is None:
       self._stop = default_stop_event()
     kind = 'evaluator' if self._greedy else 'actor'
-    logging.info('%s %d: %d envs (ids %d..%d), run id %d', kind, self._actor_id,
-                 len(self.env_ids), self.env_ids[0], self.env_ids[-1], self.run_id)
+    logging.info('%s %d: %d envs (ids %d..%d) in batches of %d, run id %d', kind,
+                 self._actor_id, len(self.env_ids), self.env_ids[0], self.env_ids[-1],
+                 self._envs.batch_size, self.run_id)
     run_ids = np.full(len(self.env_ids), self.run_id, np.int64)
-    ts = self._envs.reset()
+    batch = self._envs.recv()
     last_count = last_log = time.monotonic()
     steps_unreported = episodes_unreported = 0
     recent, recent_lengths = [], []
@@ -140,8 +186,10 @@ class EnvActor:
         round_start, round_episodes = time.monotonic(), 0
       if self._max_steps is not None and self.steps >= self._max_steps:
         break
-      request = protocol.make_request(self.env_ids, run_ids, ts.observation, ts.reward,
-                                      ts.discount, ts.step_type, greedy=self._greedy)
+      ts = batch.step
+      request = protocol.make_request(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
+                                      ts.observation, ts.reward, ts.discount, ts.step_type,
+                                      greedy=self._greedy)
       reply = self._call(request)
       if reply is None:
         break
@@ -151,9 +199,12 @@ class EnvActor:
         if self._stop.wait(1.0):
           break
         continue
-      ts, finished = self._envs.step(reply['action'])
+      self._envs.send(reply['action'])
+      batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
+      finished = batch.finished
       self.steps += 1
-      steps_unreported += len(self.env_ids)
+      self.env_steps += len(batch.slots)
+      steps_unreported += len(batch.slots)
       episodes_unreported += len(finished.returns)
       recent.extend(finished.returns)
       round_episodes += len(finished.returns)
@@ -167,15 +218,15 @@ class EnvActor:
         steps_unreported = episodes_unreported = 0
         last_count = now
       if now - last_log >= self._log_interval_s:
-        logging.info('%s %d: %d steps x %d envs, %d episodes in the last %.0fs, '
+        logging.info('%s %d: %d env steps (%d calls), %d episodes in the last %.0fs, '
                      'average return %.3f, average length %.1f', kind, self._actor_id,
-                     self.steps, len(self.env_ids), len(recent), now - last_log,
+                     self.env_steps, self.steps, len(recent), now - last_log,
                      float(np.mean(recent)) if recent else float('nan'),
                      float(np.mean(recent_lengths)) if recent_lengths else float('nan'))
         recent, recent_lengths = [], []
         last_log = now
     self._envs.close()
-    logging.info('%s %d stopped after %d steps; peak RSS %.0f MB; tensorflow imported: %s',
+    logging.info('%s %d stopped after %d calls; peak RSS %.0f MB; tensorflow imported: %s',
                  kind, self._actor_id, self.steps,
                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                  'tensorflow' in sys.modules)
