@@ -8,6 +8,7 @@ node cleanly. All node logs go to `<logdir>/nodes/`, progress to
 """
 
 import argparse
+import ast
 import datetime
 import json
 import os
@@ -15,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
@@ -73,10 +74,30 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       help='--inference actor: fetch parameters every this many calls')
   parser.add_argument('--acting_only', action='store_true',
                       help='no learner and no trajectories: measures acting throughput')
+  parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE',
+                      help="override a field of the agent's config dataclass, e.g. "
+                      "--agent_config torso=impala_resnet --agent_config "
+                      "learning_rate=3e-4 (repeatable; values are Python literals or "
+                      "strings)")
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
   return parser.parse_args(argv)
+
+
+def parse_overrides(items: List[str]) -> Dict[str, Any]:
+  """`['torso=impala_resnet', 'hidden_sizes=(64, 64)']` -> config overrides."""
+  overrides = {}
+  for item in items:
+    key, sep, text = item.partition('=')
+    if not sep or not key.strip():
+      raise ValueError(f'expected FIELD=VALUE, got {item!r}')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text  # a bare string such as impala_resnet
+    overrides[key.strip()] = value
+  return overrides
 
 
 def _tail_progress(path: str, offset: int):
@@ -192,7 +213,12 @@ def main(argv: List[str] | None = None) -> int:
   spec = envs.env_spec_of(probe)
   if hasattr(probe, 'close'):
     probe.close()
-  builder = agents.make_builder(args.agent, args.env)
+  try:
+    builder = agents.make_builder(args.agent, args.env,
+                                  **parse_overrides(args.agent_config))
+  except (TypeError, ValueError) as e:
+    print(f'seedacme: bad --agent_config: {e}', file=sys.stderr)
+    return 2
   config = ProgramConfig(
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
       num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,

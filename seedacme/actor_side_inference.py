@@ -76,13 +76,9 @@ class ActorSideInference:
       stop_event: set when the program stops (ends the wait for first variables).
       report_interval_s: period of `report_acting` calls.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import reverb  # pylint: disable=g-import-not-at-top
     from acme.tf import variable_utils  # pylint: disable=g-import-not-at-top
     from seedacme.inference import InferenceServer  # pylint: disable=g-import-not-at-top
-    # Many actors share few cores: one TF thread each, as the env-only actors cap BLAS.
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     builder, spec, config = cloudpickle.loads(payload)
     self._central = central
     self._stop = stop_event
@@ -195,6 +191,10 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
   from seedacme.actor import EnvActor  # pylint: disable=g-import-not-at-top
   if stop_event is None:
     stop_event = default_stop_event()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # Many actors share few cores: one TF thread each, as env-only actors cap BLAS.
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
   if hasattr(replay_address, 'resolve'):
     replay_address = replay_address.resolve()
   inference = ActorSideInference(

@@ -126,15 +126,69 @@ def test_close_fails_pending_and_later_requests():
     return list(batch)
 
   b = RequestBatcher(process, max_batch_size=1, timeout_s=0.0)
-  first = b.submit('in flight')
+  results, errors = {}, {}
+
+  def call(name):
+    try:
+      results[name] = b(name)
+    except Exception as e:  # noqa: BLE001
+      errors[name] = e
+
+  first = threading.Thread(target=call, args=('in flight',))
+  first.start()
   time.sleep(0.1)
-  queued = b.submit('queued')  # waits behind the in-flight batch
+  queued = threading.Thread(target=call, args=('queued',))  # waits behind the first
+  queued.start()
+  time.sleep(0.1)
   closer = threading.Thread(target=b.close)
   closer.start()
+  time.sleep(0.1)
   release.set()
-  closer.join(10)
-  assert first.result(5) == 'in flight'
+  for t in (first, queued, closer):
+    t.join(10)
+  assert results == {'in flight': 'in flight'}
+  assert isinstance(errors['queued'], BatcherClosedError)
   with pytest.raises(BatcherClosedError):
-    queued.result(5)
-  with pytest.raises(BatcherClosedError):
-    b.submit('late').result(1)
+    b('late')
+
+
+def test_batches_run_on_caller_threads_one_at_a_time():
+  """No batching thread: a caller leads; batches never overlap; results never mix."""
+  active, overlaps, runner_threads = [0], [0], set()
+  lock = threading.Lock()
+  callers = set()
+
+  def process(batch):
+    with lock:
+      active[0] += 1
+      overlaps[0] += active[0] > 1
+    runner_threads.add(threading.current_thread().name)
+    time.sleep(0.0005)
+    with lock:
+      active[0] -= 1
+    return [(name, i * 2) for name, i in batch]
+
+  threads_before = threading.active_count()
+  b = RequestBatcher(process, max_batch_size=6, timeout_s=0.002)
+  assert threading.active_count() == threads_before
+  wrong = []
+
+  def caller(name):
+    callers.add(name)
+    for i in range(150):
+      if b((name, i), size=1 + i % 3) != (name, 2 * i):
+        wrong.append((name, i))
+
+  threads = [threading.Thread(target=caller, args=(f'caller{j}',), name=f'caller{j}')
+             for j in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  b.close()
+  assert not wrong
+  assert overlaps[0] == 0
+  assert runner_threads <= callers  # every batch ran on some caller's thread
+  stats = b.stats()
+  assert stats.items == 8 * 150
+  assert stats.batches < stats.items  # requests were actually batched together

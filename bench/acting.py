@@ -1,0 +1,80 @@
+"""Acting throughput: central (SEED) vs actor-side (Acme) inference, side by side.
+
+    .venv/bin/python bench/acting.py            # Catch and Pong, ~15 minutes
+    .venv/bin/python bench/acting.py --quick    # Catch, 2 actors, ~2 minutes (CI smoke)
+
+For every configuration (env, actor processes, envs per actor K) the same program runs
+twice, once per inference mode, with `--acting_only` (no learner, no trajectories: the
+learner would otherwise set the pace) and no evaluator. Also measured in the same run:
+the raw env ceiling, the same envs in the same number of processes stepping random
+actions with no inference at all. Pong serves SEED's IMPALA ResNet torso.
+
+Prints a table and writes bench/results/acting[_quick].json. Asserts nothing about
+speed: it reports.
+"""
+
+import argparse
+import sys
+import time
+
+from harness import ProgramRun, env_ceiling, machine, print_table, write_json
+
+# Frames per env step: Atari repeats each action 4 times.
+FRAMES_PER_STEP = {'catch': 1, 'atari': 4}
+
+
+def configs(quick: bool):
+  if quick:
+    return [('catch', 2, 16)]
+  return [('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16),
+          ('atari', 2, 8), ('atari', 2, 16), ('atari', 4, 16)]
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true')
+  parser.add_argument('--seconds', type=float, default=None,
+                      help='program budget per run (default 35; quick 15)')
+  parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  args = parser.parse_args()
+  seconds = args.seconds or (15.0 if args.quick else 35.0)
+  rows = []
+  for env, actors, k in configs(args.quick):
+    if args.only and env != args.only:
+      continue
+    extra = ['--agent_config', 'torso=impala_resnet'] if env == 'atari' else []
+    row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k}
+    for mode in ('central', 'actor'):
+      run = ProgramRun([env, 'vtrace', str(actors), str(k), '--inference', mode,
+                        '--acting_only', '--num_eval_envs', '0',
+                        '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
+      started = time.monotonic()
+      result = run.run(timeout_s=seconds + 150)
+      rate = run.steady_rate('env_steps') * FRAMES_PER_STEP[env]
+      row[f'{mode}_per_s'] = rate
+      row[f'{mode}_actor_rss_mb'] = run.node_rss('actor')
+      row[f'{mode}_learner_rss_mb'] = run.node_rss('learner')
+      row[f'{mode}_exit'] = result['exit_code']
+      print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
+            f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
+            f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
+    row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0) \
+        * FRAMES_PER_STEP[env]
+    row['central_vs_actor'] = row['central_per_s'] / row['actor_per_s']
+    row['central_of_ceiling'] = row['central_per_s'] / row['ceiling_per_s']
+    row['actor_of_ceiling'] = row['actor_per_s'] / row['ceiling_per_s']
+    rows.append(row)
+  print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
+        '(supervisor + child) in MB')
+  print_table(rows, ['env', 'actors', 'K', 'central_per_s', 'actor_per_s',
+                     'central_vs_actor', 'ceiling_per_s', 'central_of_ceiling',
+                     'central_actor_rss_mb', 'actor_actor_rss_mb'])
+  path = write_json('acting_quick.json' if args.quick else 'acting.json',
+                    {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
+  print(f'acting: wrote {path}')
+  failed = [r for r in rows if r['central_exit'] or r['actor_exit']]
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,226 @@
+"""What every benchmark script shares: launching real programs and reading what they did.
+
+`ProgramRun` starts `seedacme.launchers.local` as a subprocess (a real multi-process
+Launchpad program), tails its progress records as they arrive (with the wall-clock time
+since launch), samples every node's RSS, and after the run reports the exit code, the
+summary and any process left behind. `env_ceiling` measures how fast the same envs step
+with random actions and no inference, in the same number of processes.
+"""
+
+import json
+import multiprocessing
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Dict, List
+
+import numpy as np
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, 'bench', 'results')
+TAG_VAR = 'SEEDACME_BENCH_TAG'
+
+
+def tagged_processes(tag: str, var: str = TAG_VAR) -> List[psutil.Process]:
+  """Live processes whose environment carries `var=tag`."""
+  out = []
+  needle = f'{var}={tag}'.encode()
+  for p in psutil.process_iter(['pid']):
+    try:
+      with open(f'/proc/{p.pid}/environ', 'rb') as f:
+        if needle in f.read().split(b'\0') and p.status() != psutil.STATUS_ZOMBIE:
+          out.append(p)
+    except (OSError, psutil.Error):
+      continue
+  return out
+
+
+def rss_by_node(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[str, float]:
+  """RSS (MB) per node (`actor/0`, ...): the sum of its processes (supervisor + child)."""
+  rss: Dict[str, float] = {}
+  for p in tagged_processes(tag, var):
+    try:
+      out = os.readlink(f'/proc/{p.pid}/fd/1')
+      if out.startswith(nodes_dir):
+        node = out[len(nodes_dir):]
+        rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
+    except (OSError, psutil.Error):
+      continue
+  return rss
+
+
+def machine() -> Dict[str, Any]:
+  """What the numbers were measured on."""
+  cpu = platform.processor() or 'unknown'
+  try:
+    with open('/proc/cpuinfo') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  return {'cpu': cpu, 'cores': os.cpu_count(),
+          'memory_gib': round(psutil.virtual_memory().total / 2**30, 1),
+          'gpu': bool(os.environ.get('CUDA_VISIBLE_DEVICES')), 'python': platform.python_version(),
+          'date': time.strftime('%Y-%m-%d %H:%M')}
+
+
+class ProgramRun:
+  """One `run_local` program, watched from outside."""
+
+  def __init__(self, args: List[str], name: str, workdir: str | None = None):
+    self.name = name
+    self.tag = uuid.uuid4().hex
+    self.workdir = workdir or tempfile.mkdtemp(prefix=f'seedacme_bench_{name}_')
+    self.logdir = os.path.join(self.workdir, 'logdir')
+    self.args = list(args) + ['--logdir', self.logdir, '--checkpoint_interval_s', '0']
+    self.records: List[Dict[str, Any]] = []
+    self.peak_rss: Dict[str, float] = {}
+    self.peak_total_rss = 0.0
+    self.first_learner_step_s: float | None = None
+    self.first_env_step_s: float | None = None
+
+  def run(self, timeout_s: float) -> Dict[str, Any]:
+    """Runs the program to its end (or kills it at `timeout_s`); returns what it did."""
+    nodes_dir = os.path.join(self.logdir, 'nodes') + os.sep
+    env = dict(os.environ, **{TAG_VAR: self.tag})
+    cmd = [sys.executable, '-m', 'seedacme.launchers.local', *self.args,
+           '--progress_interval_s', '1']
+    progress = os.path.join(self.logdir, 'progress.jsonl')
+    offset = 0
+    start = time.monotonic()
+    with open(os.path.join(self.workdir, 'stdout.txt'), 'w') as out:
+      proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                              start_new_session=True)
+      timed_out = False
+      while proc.poll() is None:
+        time.sleep(0.5)
+        now = time.monotonic() - start
+        if now > timeout_s:
+          timed_out = True
+          os.killpg(proc.pid, signal.SIGINT)
+          try:
+            proc.wait(30)
+          except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+          break
+        rss = rss_by_node(self.tag, nodes_dir)
+        for node, mb in rss.items():
+          self.peak_rss[node] = max(self.peak_rss.get(node, 0.0), mb)
+        self.peak_total_rss = max(self.peak_total_rss, sum(rss.values()))
+        offset = self._read_progress(progress, offset, now)
+      code = proc.wait()
+    self._read_progress(progress, offset, time.monotonic() - start)
+    time.sleep(2)
+    leftovers = [p.pid for p in tagged_processes(self.tag)]
+    for pid in leftovers:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    summary_path = os.path.join(self.logdir, 'summary.json')
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
+            'summary': summary, 'wall_s': time.monotonic() - start}
+
+  def _read_progress(self, path: str, offset: int, now: float) -> int:
+    if not os.path.exists(path):
+      return offset
+    with open(path) as f:
+      f.seek(offset)
+      data = f.read()
+    end = data.rfind('\n') + 1
+    for line in data[:end].splitlines():
+      record = json.loads(line)
+      if 'event' in record:
+        continue
+      record['wall_s'] = now
+      self.records.append(record)
+      if self.first_env_step_s is None and record.get('env_steps'):
+        self.first_env_step_s = now
+      if self.first_learner_step_s is None and record.get('learner_steps'):
+        self.first_learner_step_s = now
+    return offset + end
+
+  def steady_rate(self, key: str = 'env_steps', skip_s: float = 5.0) -> float:
+    """`key` per second between the first record `skip_s` after it started moving and
+    the last record (the program's own clock)."""
+    moving = [r for r in self.records if r.get(key)]
+    if len(moving) < 2:
+      return float('nan')
+    t0 = moving[0]['elapsed_s'] + skip_s
+    window = [r for r in moving if r['elapsed_s'] >= t0]
+    if len(window) < 2:
+      window = moving
+    first, last = window[0], window[-1]
+    dt = last['elapsed_s'] - first['elapsed_s']
+    return (last[key] - first[key]) / dt if dt > 0 else float('nan')
+
+  def node_rss(self, group: str) -> float:
+    """Peak RSS (MB) of the largest node of a group (`actor`, `learner`, ...)."""
+    values = [mb for node, mb in self.peak_rss.items() if node.split('/')[0] == group]
+    return max(values) if values else float('nan')
+
+
+def _step_randomly(env: str, env_kwargs: Dict[str, Any], num_envs: int, seconds: float,
+                   seed: int, queue) -> None:
+  for var in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):
+    os.environ[var] = '1'
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.envs.batched import BatchedEnv  # pylint: disable=g-import-not-at-top
+  batch = BatchedEnv(envs.make_factory(env, **env_kwargs), num_envs, seed=seed)
+  rng = np.random.default_rng(seed)
+  batch.reset()
+  for _ in range(20):  # warm-up
+    batch.step(rng.integers(0, batch.spec.num_actions, num_envs))
+  steps, start = 0, time.monotonic()
+  while time.monotonic() - start < seconds:
+    batch.step(rng.integers(0, batch.spec.num_actions, num_envs))
+    steps += num_envs
+  queue.put(steps / (time.monotonic() - start))
+  batch.close()
+
+
+def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
+                **env_kwargs) -> float:
+  """Env steps/s of `num_procs` processes each stepping `num_envs` envs with random
+  actions: the same actor engine with no inference and no RPC."""
+  ctx = multiprocessing.get_context('spawn')
+  queue = ctx.Queue()
+  procs = [ctx.Process(target=_step_randomly,
+                       args=(env, env_kwargs, num_envs, seconds, 1000 * i, queue))
+           for i in range(num_procs)]
+  for p in procs:
+    p.start()
+  rates = [queue.get(timeout=seconds + 120) for _ in procs]
+  for p in procs:
+    p.join(30)
+  return float(sum(rates))
+
+
+def write_json(name: str, payload: Dict[str, Any]) -> str:
+  os.makedirs(RESULTS, exist_ok=True)
+  path = os.path.join(RESULTS, name)
+  with open(path, 'w') as f:
+    json.dump(payload, f, indent=1)
+  return path
+
+
+def print_table(rows: List[Dict[str, Any]], columns: List[str]) -> None:
+  """A plain fixed-width table of `rows` (numbers formatted compactly)."""
+  def fmt(v):
+    if isinstance(v, float):
+      if v != v:
+        return '-'
+      return f'{v:,.0f}' if abs(v) >= 100 else f'{v:.2f}'
+    return '-' if v is None else str(v)
+  cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+  print('  '.join(c.rjust(w) for c, w in zip(columns, widths)))
+  for row in cells:
+    print('  '.join(v.rjust(w) for v, w in zip(row, widths)))

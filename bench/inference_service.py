@@ -1,0 +1,181 @@
+"""The inference service against its transport ceiling: SEED server vs a Courier echo.
+
+    .venv/bin/python bench/inference_service.py           # Catch MLP and Atari IMPALA CNN
+    .venv/bin/python bench/inference_service.py --quick   # Catch only, short (CI smoke)
+
+A server process serves `step(request)` over Courier; client processes (one per
+simulated actor) send requests of K envs in a closed loop with no env stepping, so the
+service alone is measured. Servers, all with identical payloads both ways:
+
+    echo      returns K zero actions at once: Courier transport + serialization only
+    batcher   seedacme's InferenceServer (validation, cross-actor batching, per-env
+              state table, episode tracking) with a policy that does no work
+    seed      the same InferenceServer with the V-trace policy network (XLA)
+
+Per server: requests/s, env steps/s, client-side p50/p99 latency, mean batch fill; and
+each as a fraction of echo. Prints a table, writes bench/results/inference_service.json.
+"""
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any, Dict
+
+import numpy as np
+
+from harness import machine, print_table, write_json
+
+ENV_SHAPES = {'catch': ((10, 5), 'float32', 3), 'atari': ((84, 84, 4), 'uint8', 6)}
+
+
+def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop) -> None:
+  """Server process: one Courier server until `stop` is set."""
+  os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+  import seedacme  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
+  shape, dtype, num_actions = ENV_SHAPES[env]
+
+  if kind == 'echo':
+    class Echo:
+      def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        return {'action': np.zeros(len(request['env_ids']), np.int32)}
+
+      def stats(self) -> Dict[str, float]:
+        return {'batch_fill': float('nan')}
+    target = Echo()
+  else:
+    from seedacme.envs.registry import EnvSpec  # pylint: disable=g-import-not-at-top
+    from seedacme.inference import InferenceServer  # pylint: disable=g-import-not-at-top
+    from seedacme.policy import PolicyStep, ServerPolicy  # pylint: disable=g-import-not-at-top
+    spec = EnvSpec(shape, dtype, num_actions)
+    if kind == 'seed':
+      from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
+      overrides = {'torso': 'impala_resnet'} if env == 'atari' else {}
+      builder = registry.make_builder('vtrace', env, **overrides)
+      policy = builder.make_policy(builder.make_networks(spec), spec, num_envs)
+    else:
+      class NoWork(ServerPolicy):
+        def initial_state(self, batch_size):
+          return ()
+
+        def step(self, observation, state, greedy, env_ids):
+          b = len(observation)
+          return PolicyStep(np.zeros(b, np.int32), {'logits': np.zeros((b, num_actions),
+                                                                       np.float32)}, ())
+      policy = NoWork()
+    server = InferenceServer(policy, spec, num_envs, None)
+
+    class Service:
+      def step(self, request):
+        return server.step(request)
+
+      def stats(self):
+        s = server.batch_stats(reset=True)
+        return {'batch_fill': s.mean_batch_units / server.max_batch_envs}
+    target = Service()
+  courier_server = courier_utils.make_courier_server(target, port=port, thread_pool_size=16)
+  courier_server.Start()
+  ready.set()
+  stop.wait()
+  courier_server.Stop()
+
+
+def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, start,
+            results) -> None:
+  """Closed-loop client: K envs per call, as an actor would send them."""
+  import courier  # pylint: disable=g-import-not-at-top
+  from seedacme import protocol  # pylint: disable=g-import-not-at-top
+  shape, dtype, _ = ENV_SHAPES[env]
+  client = courier.Client(f'localhost:{port}')
+  rng = np.random.default_rng(first_env_id)
+  obs = (rng.integers(0, 255, (k,) + shape) if dtype == 'uint8'
+         else rng.random((k,) + shape)).astype(dtype)
+  ids = np.arange(first_env_id, first_env_id + k)
+  step_type = np.zeros(k, np.int8)
+  request = protocol.make_request(ids, np.zeros(k, np.int64), obs, np.zeros(k), np.ones(k),
+                                  step_type)
+  client.step(request)  # FIRST step, and the connection is up
+  request['step_type'] = np.ones(k, np.int8)
+  for _ in range(20):
+    client.step(request)
+  start.wait()
+  latencies = []
+  t_end = time.monotonic() + seconds
+  while time.monotonic() < t_end:
+    t0 = time.perf_counter()
+    client.step(request)
+    latencies.append(time.perf_counter() - t0)
+  results.put(np.asarray(latencies))
+
+
+def measure(kind: str, env: str, clients: int, k: int, seconds: float) -> Dict[str, Any]:
+  import portpicker  # pylint: disable=g-import-not-at-top
+  ctx = multiprocessing.get_context('spawn')
+  port = portpicker.pick_unused_port()
+  ready, stop, start = ctx.Event(), ctx.Event(), ctx.Event()
+  results = ctx.Queue()
+  server = ctx.Process(target=_serve, args=(kind, env, clients * k, port, ready, stop))
+  server.start()
+  if not ready.wait(120):
+    raise RuntimeError(f'{kind} server did not start')
+  procs = [ctx.Process(target=_client, args=(env, port, i * k, k, seconds, start, results))
+           for i in range(clients)]
+  for p in procs:
+    p.start()
+  time.sleep(3.0)  # clients connected and warmed up
+  import courier  # pylint: disable=g-import-not-at-top
+  stats_client = courier.Client(f'localhost:{port}')
+  stats_client.stats()  # reset the server's counters at the start of the window
+  start.set()
+  latencies = [results.get(timeout=seconds + 120) for _ in procs]
+  fill = stats_client.stats()['batch_fill']
+  for p in procs:
+    p.join(30)
+  stop.set()
+  server.join(30)
+  if server.is_alive():
+    server.kill()
+  all_lat = np.concatenate(latencies)
+  requests = sum(len(x) for x in latencies)
+  return {'server': kind, 'env': env, 'clients': clients, 'K': k,
+          'requests_per_s': requests / seconds, 'env_steps_per_s': requests * k / seconds,
+          'p50_ms': float(np.percentile(all_lat, 50) * 1e3),
+          'p99_ms': float(np.percentile(all_lat, 99) * 1e3), 'batch_fill': fill}
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true')
+  parser.add_argument('--seconds', type=float, default=None)
+  parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  args = parser.parse_args()
+  seconds = args.seconds or (3.0 if args.quick else 10.0)
+  configs = [('catch', 2, 16)] if args.quick else [
+      ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16), ('atari', 2, 16),
+      ('atari', 2, 32)]
+  rows = []
+  for env, clients, k in configs:
+    if args.only and env != args.only:
+      continue
+    echo = None
+    for kind in ('echo', 'batcher', 'seed'):
+      row = measure(kind, env, clients, k, seconds)
+      echo = echo or row
+      row['of_echo'] = row['requests_per_s'] / echo['requests_per_s']
+      rows.append(row)
+      print(f"inference_service: {env} {clients}x{k} {kind}: "
+            f"{row['requests_per_s']:,.0f} req/s, p99 {row['p99_ms']:.2f} ms", flush=True)
+  print()
+  print_table(rows, ['env', 'clients', 'K', 'server', 'requests_per_s', 'env_steps_per_s',
+                     'p50_ms', 'p99_ms', 'batch_fill', 'of_echo'])
+  path = write_json('inference_service_quick.json' if args.quick
+                    else 'inference_service.json',
+                    {'machine': machine(), 'seconds': seconds, 'rows': rows})
+  print(f'inference_service: wrote {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
