@@ -1,0 +1,164 @@
+"""A bounded V-trace learning run on an Atari game (default Pong), with its baseline.
+
+    .venv/bin/python bench/pong_learning.py                 # up to 3 h, stops at +18
+    .venv/bin/python bench/pong_learning.py --smoke         # ~2.5 minutes: does it run?
+    .venv/bin/python bench/pong_learning.py --hours 1 -- --agent_config batch_size=16
+
+1. Random-policy baseline: uniformly random actions on 16 envs of the same game (same
+   preprocessing, ale-py's vector engine) until `--baseline_episodes` episodes ended.
+2. The program: `run_local atari vtrace <num_actors> <envs_per_actor> --game <game>` with
+   the per-env defaults of agents/registry.py (arguments after `--` go to run_local as
+   they are), until the time budget or the target return.
+3. Writes <logdir>/curve.csv and curve.png (seedacme/curves.py) and a JSON summary
+   (frames/s, duration, returns, the baseline) to <logdir>/learning_summary.json and
+   bench/results/pong_learning[_smoke].json.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from seedacme.curves import read_progress, write_curves  # noqa: E402
+from seedacme.envs.atari_vector import AtariVectorEnv  # noqa: E402
+
+FRAMES_PER_STEP = 4
+# Published random-agent Pong score (Mnih et al. 2015, Nature, Extended Data Table 2).
+PUBLISHED_RANDOM = {'Pong': -20.7}
+
+
+def random_baseline(game: str, episodes: int, num_envs: int = 16,
+                    seed: int = 12345) -> Dict[str, Any]:
+  """Average return of uniformly random actions, same preprocessing as the actors."""
+  env = AtariVectorEnv(game, num_envs, seed=seed)
+  rng = np.random.RandomState(seed)
+  returns: List[float] = []
+  start = time.monotonic()
+  try:
+    env.reset()
+    while len(returns) < episodes:
+      _, finished = env.step(rng.randint(env.spec.num_actions, size=num_envs))
+      returns.extend(finished.returns)
+  finally:
+    env.close()
+  returns = returns[:episodes]
+  return {'episodes': len(returns), 'average_return': float(np.mean(returns)),
+          'std_return': float(np.std(returns)), 'min_return': float(np.min(returns)),
+          'max_return': float(np.max(returns)), 'seconds': time.monotonic() - start,
+          'published_random': PUBLISHED_RANDOM.get(game)}
+
+
+def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
+  """Throughput and returns of the run from its progress records and summary."""
+  records = read_progress(logdir)
+  summary_path = os.path.join(logdir, 'summary.json')
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+  last = records[-1] if records else {}
+  elapsed = summary.get('elapsed_s', last.get('elapsed_s')) or 0.0
+  env_steps = summary.get('env_steps', last.get('env_steps')) or 0
+  trained = [r for r in records if r.get('average_return') is not None]
+  best = max(trained, key=lambda r: r['average_return']) if trained else None
+  return {
+      'returncode': returncode,
+      'stopped_because': summary.get('stopped_because'),
+      'wall_s': wall_s,
+      'duration_s': elapsed,
+      'env_steps': env_steps,
+      'frames': env_steps * FRAMES_PER_STEP,
+      'frames_per_s': env_steps * FRAMES_PER_STEP / elapsed if elapsed else None,
+      'learner_steps': summary.get('learner_steps', last.get('learner_steps')),
+      'episodes': summary.get('episodes', last.get('episodes')),
+      'final_average_return': summary.get('average_return', last.get('average_return')),
+      'final_eval_average_return': summary.get('eval_average_return',
+                                               last.get('eval_average_return')),
+      'best_average_return': None if best is None else best['average_return'],
+      'best_at_env_steps': None if best is None else best['env_steps'],
+      'best_at_s': None if best is None else best['elapsed_s'],
+  }
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0],
+      epilog='Arguments after -- are passed to run_local unchanged.')
+  parser.add_argument('--game', default='Pong')
+  parser.add_argument('--hours', type=float, default=3.0, help='time budget of the run')
+  parser.add_argument('--target_return', type=float, default=18.0,
+                      help='stop once the training average (last 100 episodes) reaches this')
+  parser.add_argument('--num_actors', type=int, default=2)
+  parser.add_argument('--envs_per_actor', type=int, default=16)
+  parser.add_argument('--env_engine', default='vector_async',
+                      choices=('python', 'vector_sync', 'vector_async'))
+  parser.add_argument('--eval_interval_s', type=float, default=300.0,
+                      help='greedy evaluation every this many seconds')
+  parser.add_argument('--eval_episodes', type=int, default=4)
+  parser.add_argument('--baseline_episodes', type=int, default=32)
+  parser.add_argument('--logdir', default=None)
+  parser.add_argument('--smoke', action='store_true',
+                      help='90 s budget and a small baseline: checks that it all runs')
+  argv = sys.argv[1:]
+  passthrough: List[str] = []
+  if '--' in argv:
+    passthrough = argv[argv.index('--') + 1:]
+    argv = argv[:argv.index('--')]
+  args = parser.parse_args(argv)
+  if args.smoke:
+    args.hours, args.baseline_episodes, args.eval_interval_s = 90 / 3600, 16, 30.0
+  logdir = os.path.abspath(args.logdir or os.path.join(
+      REPO, 'runs', f'{args.game.lower()}_learning_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
+
+  print(f'baseline: random actions on {args.game} until {args.baseline_episodes} episodes '
+        'ended', flush=True)
+  baseline = random_baseline(args.game, args.baseline_episodes)
+  print(f"  average return {baseline['average_return']:.2f} +- {baseline['std_return']:.2f} "
+        f"({baseline['episodes']} episodes, {baseline['seconds']:.0f}s; published "
+        f"random {baseline['published_random']})", flush=True)
+
+  cmd = [sys.executable, '-m', 'seedacme.launchers.local', 'atari', 'vtrace',
+         str(args.num_actors), str(args.envs_per_actor), '--game', args.game,
+         '--env_engine', args.env_engine, '--max_seconds', str(args.hours * 3600),
+         '--eval_interval_s', str(args.eval_interval_s),
+         '--eval_episodes', str(args.eval_episodes), '--logdir', logdir]
+  if args.target_return is not None and not args.smoke:
+    cmd += ['--target_return', str(args.target_return)]
+  cmd += passthrough
+  print('run: ' + ' '.join(cmd[1:]), flush=True)
+  start = time.monotonic()
+  returncode = subprocess.call(cmd, cwd=REPO)
+  wall_s = time.monotonic() - start
+
+  result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
+            'random_baseline': baseline, **summarize(logdir, wall_s, returncode)}
+  try:
+    result['curves'] = write_curves(logdir, title=f'V-trace on {args.game}')
+  except Exception as e:  # pylint: disable=broad-except
+    result['curves'] = f'could not write the curves: {e}'
+  for path in (os.path.join(logdir, 'learning_summary.json'),
+               os.path.join(REPO, 'bench', 'results',
+                            'pong_learning_smoke.json' if args.smoke
+                            else f'{args.game.lower()}_learning.json')):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump(result, f, indent=1)
+  fps = result['frames_per_s']
+  print(f"done: {result['stopped_because']}; {result['duration_s']:.0f}s, "
+        f"{result['frames']:,} frames ({'-' if fps is None else f'{fps:,.0f}'}/s), "
+        f"final average return {result['final_average_return']} (random "
+        f"{baseline['average_return']:.2f}); summary {path}", flush=True)
+  return returncode
+
+
+if __name__ == '__main__':
+  sys.exit(main())
