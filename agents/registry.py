@@ -19,6 +19,10 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
                   learning_rate=6e-4, entropy_cost=0.01, unroll_length=20, batch_size=32),
     'dmlab': dict(network='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
+    # Football (stacked SMM): SEED's feed-forward 4-stack ResNet, unroll and discount;
+    # a learning rate and entropy cost for short runs (SEED's are tuned for 500M frames).
+    'football': dict(network='mlp', torso='football', unroll_length=32, batch_size=16,
+                     discount=0.997, learning_rate=3e-4, entropy_cost=0.003),
 }
 
 # R2D2 on small control tasks: short sequences, frequent target updates.

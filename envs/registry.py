@@ -57,6 +57,12 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
   return dmlab.make_dmlab(seed, level=level)
 
 
+def _make_football(seed: int, scenario: str = '11_vs_11_easy_stochastic',
+                   **kwargs) -> dm_env.Environment:
+  from seedacme.envs import football
+  return football.make_football(seed, scenario=scenario, **kwargs)
+
+
 ENGINES = ('python', 'vector_sync', 'vector_async')
 
 
@@ -120,6 +126,7 @@ _FACTORIES = {
     'catch': _make_catch,
     'cartpole': _make_cartpole,
     'dmlab': _make_dmlab,
+    'football': _make_football,
 }
 ENV_NAMES = tuple(sorted(_FACTORIES))
 

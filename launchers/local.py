@@ -59,6 +59,11 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       "once or two halves of K/2 overlapped with inference)")
   parser.add_argument('--level', default=None,
                       help='DMLab level (a DMLab-30 name or a level script path)')
+  parser.add_argument('--scenario', default=None,
+                      help='Football scenario (default 11_vs_11_easy_stochastic)')
+  parser.add_argument('--env_config', action='append', default=[], metavar='ARG=VALUE',
+                      help="an extra argument of the env's factory, e.g. --env_config "
+                      "representation=simple115v2 (repeatable; like --agent_config)")
   parser.add_argument('--progress_interval_s', type=float, default=5.0)
   parser.add_argument('--network', choices=('isolated', 'host'), default='isolated',
                       help="isolated: run every node in a private network namespace with "
@@ -197,17 +202,19 @@ def main(argv: List[str] | None = None) -> int:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
-  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
+  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game),
+                                  ('scenario', args.scenario)) if v}
   if args.env_engine != 'python':
     env_kwargs['engine'] = args.env_engine  # the factory carries it to the actors
   try:
+    env_kwargs.update(parse_overrides(args.env_config))
     factory = envs.make_factory(args.env, **env_kwargs)
   except ValueError as e:  # e.g. --env_engine vector_sync for a non-Atari env
     print(f'seedacme: {e}', file=sys.stderr)
     return 2
   try:
     probe = factory(args.seed)
-  except ImportError as e:  # an environment that needs a module built by the user
+  except (ImportError, TypeError, ValueError) as e:  # a module to build; bad --env_config
     print(f'seedacme: cannot create {args.env!r}: {e}', file=sys.stderr)
     return 2
   spec = envs.env_spec_of(probe)

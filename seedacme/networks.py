@@ -149,15 +149,22 @@ class ImpalaResNet(snt.Module):
     return tf.nn.relu(self._linear(snt.Flatten()(tf.nn.relu(x))))
 
 
-TORSOS = ('mlp', 'nature_cnn', 'impala_resnet')
+# SEED's Google Research Football torso: the IMPALA ResNet with a fourth stack, on the
+# stacked Super Mini Map ([72, 96, 16] -> 5 x 6 x 32 -> 256).
+FOOTBALL_CHANNELS = (16, 32, 32, 32)
+
+TORSOS = ('mlp', 'nature_cnn', 'impala_resnet', 'football')
 
 
 def make_torso(kind: str, hidden_sizes: Sequence[int] = (64,)) -> snt.Module:
-  """'mlp' (flatten + MLP), 'nature_cnn' or 'impala_resnet' (frames `[H, W, C]`)."""
+  """'mlp' (flatten + MLP), 'nature_cnn', 'impala_resnet' or 'football' (SEED's
+  4-stack ResNet for the football SMM) (frames `[H, W, C]`)."""
   if kind == 'mlp':
     return MLPTorso(hidden_sizes)
   if kind == 'nature_cnn':
     return NatureCNN()
   if kind == 'impala_resnet':
     return ImpalaResNet()
+  if kind == 'football':
+    return ImpalaResNet(FOOTBALL_CHANNELS, name='football_resnet')
   raise ValueError(f'Unknown torso {kind!r}; choose one of {", ".join(TORSOS)}')

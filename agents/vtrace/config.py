@@ -12,7 +12,8 @@ class VTraceConfig:
     unroll_length: T, transitions per unroll; unrolls hold T + 1 steps (bootstrap).
     batch_size: unrolls per learner step.
     network: 'mlp' (feed-forward) or 'lstm': the core after the torso.
-    torso: 'mlp', 'nature_cnn' or 'impala_resnet' (the last two for frames).
+    torso: 'mlp', 'nature_cnn', 'impala_resnet' or 'football' (the last three for
+      frames; 'football' is SEED's torso for the stacked football SMM).
     hidden_sizes: MLP torso layer sizes.
     lstm_size: LSTM core size (network='lstm').
     learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
