@@ -54,6 +54,34 @@ def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   assert 'Traceback' not in run.node_log('learner/0')
 
 
+@pytest.mark.timeout(300)
+def test_actor_side_inference_program_learns_catch(tmp_path):
+  """inference='actor': each actor runs its own policy copy, pulls parameters from the
+  learner, writes its own unrolls; the central node learns and reports progress."""
+  run = Run(['catch', 'vtrace', '2', '16', '--inference', 'actor', '--max_seconds', '150',
+             '--target_return', '0.9', '--target_on', 'eval', '--variable_update_period',
+             '20', '--progress_interval_s', '3'], str(tmp_path))
+  try:
+    code = run.wait(270)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers, f'processes left behind: {leftovers}'
+  summary = run.json('summary.json')
+  assert 'target' in summary['stopped_because'], summary
+  assert target_value(summary) >= 0.9
+  # Progress came from the actors' reports: steps, episodes and learner steps all moved.
+  assert summary['env_steps'] > 10_000 and summary['episodes'] > 1_000
+  assert summary['learner_steps'] > 0 and summary['trajectory_items_written'] > 0
+  for node in ('actor/0', 'actor/1', 'evaluator/0'):
+    log = run.node_log(node)
+    assert 'tensorflow imported: True' in log, node  # the network lives in the actor
+    assert 'got' in log and 'variables from the learner' in log, node
+  memory = run.json('memory.json')['peak_rss_mb']
+  assert memory['actor/0'] > 300, memory  # a TF process, unlike an env-only actor
+  assert 'Traceback' not in run.node_log('learner/0')
+
+
 def _listening_ports(pid):
   """TCP ports in LISTEN state in the network namespace of `pid`."""
   ports = set()

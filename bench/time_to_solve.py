@@ -1,0 +1,71 @@
+"""Time to solve, startup and memory: central (SEED) vs actor-side (Acme) inference.
+
+    .venv/bin/python bench/time_to_solve.py           # Catch and CartPole, V-trace and
+                                                      # R2D2, both modes (~25 minutes)
+    .venv/bin/python bench/time_to_solve.py --quick   # Catch V-trace, both modes (CI)
+
+Every run is a full training program (`run_local <env> <agent> 2`, 16 envs per actor,
+a greedy evaluator) that stops itself once the evaluator's average return over its last
+20 episodes reaches the target (Catch 0.9, CartPole 475) or at the time cap. Reported
+per run: seconds to the target on the program's clock, env steps used, startup (launch
+to the first learner step, wall clock, 1 s resolution), peak RSS per node type and of
+the whole program. Prints a table, writes bench/results/time_to_solve[_quick].json.
+"""
+
+import argparse
+import sys
+
+from harness import ProgramRun, machine, print_table, write_json
+
+TARGETS = {'catch': 0.9, 'cartpole': 475.0}
+CAPS_S = {'catch': 150.0, 'cartpole': 360.0}
+GROUPS = ('actor', 'evaluator', 'learner', 'replay', 'counter')
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true')
+  parser.add_argument('--only', default=None, help='e.g. catch, cartpole, r2d2, vtrace')
+  args = parser.parse_args()
+  runs = [('catch', 'vtrace')] if args.quick else [
+      ('catch', 'vtrace'), ('catch', 'r2d2'), ('cartpole', 'vtrace'), ('cartpole', 'r2d2')]
+  rows = []
+  for env, agent in runs:
+    if args.only and args.only not in (env, agent):
+      continue
+    cap = 90.0 if args.quick else CAPS_S[env]
+    for mode in ('central', 'actor'):
+      run = ProgramRun([env, agent, '2', '16', '--inference', mode,
+                        '--target_return', str(TARGETS[env]), '--target_on', 'eval',
+                        '--max_seconds', str(cap)], f'{env}_{agent}_{mode}')
+      result = run.run(timeout_s=cap + 150)
+      summary = result['summary']
+      solved = 'target' in str(summary.get('stopped_because', ''))
+      row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
+             'solved': solved,
+             'time_to_target_s': summary.get('elapsed_s') if solved else None,
+             'env_steps': summary.get('env_steps'),
+             'learner_steps': summary.get('learner_steps'),
+             'eval_return': summary.get('eval_average_return'),
+             'startup_to_first_learner_step_s': run.first_learner_step_s,
+             'startup_to_first_env_step_s': run.first_env_step_s,
+             'program_peak_rss_mb': run.peak_total_rss,
+             'leftover_processes': len(result['leftovers'])}
+      row.update({f'{g}_rss_mb': run.node_rss(g) for g in GROUPS})
+      rows.append(row)
+      outcome = f"solved in {row['time_to_target_s']:.0f}s" if solved else 'not solved'
+      print(f"time_to_solve: {env} {agent} {mode}: {outcome} "
+            f"({summary.get('stopped_because')}); startup {run.first_learner_step_s}s; "
+            f"logdir {run.logdir}", flush=True)
+  print()
+  print_table(rows, ['env', 'agent', 'inference', 'time_to_target_s', 'env_steps',
+                     'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
+                     'replay_rss_mb', 'program_peak_rss_mb'])
+  path = write_json('time_to_solve_quick.json' if args.quick else 'time_to_solve.json',
+                    {'machine': machine(), 'targets': TARGETS, 'rows': rows})
+  print(f'time_to_solve: wrote {path}')
+  return 1 if any(r['exit'] or r['leftover_processes'] for r in rows) else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
