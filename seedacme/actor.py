@@ -154,7 +154,8 @@ class EnvActor:
             next_warning += 30.0
         except Exception as e:  # pylint: disable=broad-except
           message = str(e)
-          if SERVER_ERROR_MARKER in message and 'InvalidRequestError' in message:
+          if isinstance(e, protocol.InvalidRequestError) or (
+              SERVER_ERROR_MARKER in message and 'InvalidRequestError' in message):
             raise  # Our own request is wrong: retrying cannot help.
           logging.warning('Actor %d: inference call failed (%s); retrying in %.1fs',
                           self._actor_id, message.strip().splitlines()[-1][:200],

@@ -52,6 +52,13 @@ class Learner(abc.ABC):
     """Everything trained that a restart must not lose: networks, optimizer, counters
     (TF trackables; saved with `tf.train.Checkpoint`)."""
 
+  def warm_up(self) -> None:
+    """Builds the SGD step's graph before the first batch arrives.
+
+    Tracing a learner step takes seconds; done while actors start and fill the replay,
+    it is off the path to the first learner step.
+    """
+
   def close(self) -> None:
     """Releases datasets and threads."""
 

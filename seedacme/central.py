@@ -195,6 +195,9 @@ class CentralNode:
     """The learner loop (a background thread): SGD steps until stopped or at the budget."""
     max_steps = self._config.max_learner_steps
     try:
+      started = time.monotonic()
+      self.learner.warm_up()  # while actors start and the replay fills
+      logging.info('Learner step traced in %.1fs', time.monotonic() - started)
       while not self._stop.is_set() and self._budget_reason is None:
         if max_steps is not None and self.learner_steps >= max_steps:
           break  # The main thread notices the budget at its next check.

@@ -17,6 +17,12 @@ def time_major(x: tf.Tensor) -> tf.Tensor:
   return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
 
+def batch_specs(item_signature: Any, batch_size: int) -> Any:
+  """The specs of a batch of `batch_size` items with `item_signature`."""
+  return tf.nest.map_structure(
+      lambda s: tf.TensorSpec((batch_size,) + tuple(s.shape), s.dtype), item_signature)
+
+
 class ReverbBatches:
   """Iterates `[batch_size, ...]` batches of whole items from one Reverb table."""
 

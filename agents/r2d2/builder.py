@@ -110,8 +110,8 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def make_learner(self, networks_: R2D2Networks, replay_client,
                    spec: EnvSpec) -> learning.R2D2Learner:
-    del spec
     batches = ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size, with_info=True)
     return learning.R2D2Learner(networks_.online, networks_.target, self.config, batches,
-                                replay_client, self.table)
+                                replay_client, self.table,
+                                item_signature=self.item_signature(spec))

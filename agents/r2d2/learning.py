@@ -11,7 +11,7 @@ import tensorflow as tf
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
 from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches, time_major
+from seedacme.datasets import ReverbBatches, batch_specs, time_major
 
 _FIRST = int(dm_env.StepType.FIRST)
 _LAST = int(dm_env.StepType.LAST)
@@ -56,8 +56,11 @@ class R2D2Learner(Learner):
   """SGD on prioritized sequences; shares `network` with the inference server."""
 
   def __init__(self, network: snt.Module, target_network: snt.Module, config: R2D2Config,
-               batches: ReverbBatches | None, replay_client=None, table: str = ''):
+               batches: ReverbBatches | None, replay_client=None, table: str = '',
+               item_signature: Dict[str, Any] | None = None):
+    """`item_signature` (one sequence's specs) lets `warm_up` trace the step early."""
     self._network = network
+    self._item_signature = item_signature
     self._target_network = target_network
     self._config = config
     self._batches = batches
@@ -88,6 +91,12 @@ class R2D2Learner(Learner):
     self._optimizer.apply(grads, variables)
     self.num_steps.assign_add(1)
     return priorities, metrics
+
+  def warm_up(self) -> None:
+    if self._item_signature is not None:
+      b = self._config.batch_size
+      self._train.get_concrete_function(batch_specs(self._item_signature, b),
+                                        tf.TensorSpec((b,), tf.float32))
 
   def train_on(self, info, batch) -> Dict[str, float]:
     """One SGD step on a sampled batch; writes the new priorities back to the table."""

@@ -94,7 +94,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
         period=self.config.unroll_length, to_items=self._to_items)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.VTraceLearner:
-    del spec
     batches = ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size)
-    return learning.VTraceLearner(networks_, self.config, batches)
+    return learning.VTraceLearner(networks_, self.config, batches,
+                                  item_signature=self.item_signature(spec))

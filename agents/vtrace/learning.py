@@ -10,7 +10,7 @@ import tensorflow as tf
 from seedacme.agents.vtrace import losses
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches, time_major
+from seedacme.datasets import ReverbBatches, batch_specs, time_major
 
 _FIRST = int(dm_env.StepType.FIRST)
 _LAST = int(dm_env.StepType.LAST)
@@ -55,8 +55,11 @@ class VTraceLearner(Learner):
   """SGD on V-trace unrolls; shares `network` with the inference server."""
 
   def __init__(self, network: snt.Module, config: VTraceConfig,
-               batches: ReverbBatches | None):
+               batches: ReverbBatches | None,
+               item_signature: Dict[str, tf.TensorSpec] | None = None):
+    """`item_signature` (one unroll's specs) lets `warm_up` trace the step early."""
     self._network = network
+    self._item_signature = item_signature
     self._config = config
     self._batches = batches
     self._optimizer = snt.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
@@ -84,6 +87,11 @@ class VTraceLearner(Learner):
     self.num_steps.assign_add(1)
     metrics['grad_norm'] = norm
     return metrics
+
+  def warm_up(self) -> None:
+    if self._item_signature is not None:
+      self._train.get_concrete_function(
+          batch_specs(self._item_signature, self._config.batch_size))
 
   def train_on(self, batch) -> Dict[str, float]:
     """One SGD step on a given batch (used by `step` and by tests)."""
