@@ -7,7 +7,8 @@ For every configuration (env, actor processes, envs per actor K) the same progra
 twice, once per inference mode, with `--acting_only` (no learner, no trajectories: the
 learner would otherwise set the pace) and no evaluator. Also measured in the same run:
 the raw env ceiling, the same envs in the same number of processes stepping random
-actions with no inference at all. Pong serves SEED's IMPALA ResNet torso.
+actions with no inference at all (the same engine: ale-py's C++ vector env for Pong).
+Pong serves SEED's IMPALA ResNet torso.
 
 Prints a table and writes bench/results/acting[_quick].json. Asserts nothing about
 speed: it reports.
@@ -21,6 +22,8 @@ from harness import ProgramRun, env_ceiling, machine, print_table, write_json
 
 # Frames per env step: Atari repeats each action 4 times.
 FRAMES_PER_STEP = {'catch': 1, 'atari': 4}
+# How actors step their K envs: Atari with ale-py's C++ vector engine (envs/atari_vector.py).
+ENGINES = {'catch': 'python', 'atari': 'vector_sync'}
 
 
 def configs(quick: bool):
@@ -42,8 +45,11 @@ def main() -> int:
   for env, actors, k in configs(args.quick):
     if args.only and env != args.only:
       continue
+    engine = ENGINES[env]
     extra = ['--agent_config', 'torso=impala_resnet'] if env == 'atari' else []
-    row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k}
+    extra += ['--env_engine', engine]
+    row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k,
+           'engine': engine}
     for mode in ('central', 'actor'):
       run = ProgramRun([env, 'vtrace', str(actors), str(k), '--inference', mode,
                         '--acting_only', '--num_eval_envs', '0',
@@ -58,15 +64,15 @@ def main() -> int:
       print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
             f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
-    row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0) \
-        * FRAMES_PER_STEP[env]
+    row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0,
+                                       engine=engine) * FRAMES_PER_STEP[env]
     row['central_vs_actor'] = row['central_per_s'] / row['actor_per_s']
     row['central_of_ceiling'] = row['central_per_s'] / row['ceiling_per_s']
     row['actor_of_ceiling'] = row['actor_per_s'] / row['ceiling_per_s']
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
-  print_table(rows, ['env', 'actors', 'K', 'central_per_s', 'actor_per_s',
+  print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'actor_per_s',
                      'central_vs_actor', 'ceiling_per_s', 'central_of_ceiling',
                      'central_actor_rss_mb', 'actor_actor_rss_mb'])
   path = write_json('acting_quick.json' if args.quick else 'acting.json',

@@ -171,25 +171,35 @@ def _step_randomly(env: str, env_kwargs: Dict[str, Any], num_envs: int, seconds:
                    seed: int, queue) -> None:
   for var in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):
     os.environ[var] = '1'
-  from seedacme import envs  # pylint: disable=g-import-not-at-top
-  from seedacme.envs.batched import BatchedEnv  # pylint: disable=g-import-not-at-top
-  batch = BatchedEnv(envs.make_factory(env, **env_kwargs), num_envs, seed=seed)
+  from seedacme.envs import registry  # pylint: disable=g-import-not-at-top
+  engine = registry.make_engine(registry.make_factory(env, **env_kwargs), num_envs,
+                                seed=seed)
   rng = np.random.default_rng(seed)
-  batch.reset()
+  num_actions = engine.spec.num_actions
+  if hasattr(engine, 'recv'):  # a half-batch engine: answer whichever half is ready
+    def step() -> int:
+      batch = engine.recv()
+      engine.send(rng.integers(0, num_actions, len(batch.slots)))
+      return len(batch.slots)
+  else:
+    engine.reset()
+
+    def step() -> int:
+      engine.step(rng.integers(0, num_actions, num_envs))
+      return num_envs
   for _ in range(20):  # warm-up
-    batch.step(rng.integers(0, batch.spec.num_actions, num_envs))
+    step()
   steps, start = 0, time.monotonic()
   while time.monotonic() - start < seconds:
-    batch.step(rng.integers(0, batch.spec.num_actions, num_envs))
-    steps += num_envs
+    steps += step()
   queue.put(steps / (time.monotonic() - start))
-  batch.close()
+  engine.close()
 
 
 def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
                 **env_kwargs) -> float:
   """Env steps/s of `num_procs` processes each stepping `num_envs` envs with random
-  actions: the same actor engine with no inference and no RPC."""
+  actions: the same actor engine (`env_kwargs['engine']`) with no inference, no RPC."""
   ctx = multiprocessing.get_context('spawn')
   queue = ctx.Queue()
   procs = [ctx.Process(target=_step_randomly,
@@ -197,7 +207,17 @@ def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
            for i in range(num_procs)]
   for p in procs:
     p.start()
-  rates = [queue.get(timeout=seconds + 120) for _ in procs]
+  rates, deadline = [], time.monotonic() + seconds + 120
+  while len(rates) < len(procs):
+    try:
+      rates.append(queue.get(timeout=1.0))
+    except Exception:  # pylint: disable=broad-except  (queue.Empty)
+      dead = [p for p in procs if p.exitcode not in (None, 0)]
+      if dead or time.monotonic() > deadline:
+        for p in procs:
+          p.kill()
+        raise RuntimeError(f'env ceiling workers failed (exit codes '
+                           f'{[p.exitcode for p in procs]})') from None
   for p in procs:
     p.join(30)
   return float(sum(rates))
