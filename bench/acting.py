@@ -30,7 +30,7 @@ def configs(quick: bool):
   if quick:
     return [('catch', 2, 16)]
   return [('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16),
-          ('atari', 2, 8), ('atari', 2, 16), ('atari', 4, 16)]
+          ('atari', 2, 16), ('atari', 4, 16)]
 
 
 def main() -> int:
