@@ -207,6 +207,8 @@ def main() -> int:
                       help='simulated server round trips (comma-separated)')
   parser.add_argument('--num_envs', default='8,16,32')
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--num_threads', type=int, default=0,
+                      help="ale-py worker threads per actor engine (0: one per core)")
   parser.add_argument('--program_seconds', type=float, default=80.0,
                       help='run_local --max_seconds per engine (0: skip the programs)')
   parser.add_argument('--program_skip_s', type=float, default=20.0,
@@ -241,7 +243,7 @@ def main() -> int:
     for delay in delays:
       for _ in range(args.repeats):  # engines interleaved: load changes hit all alike
         for engine in ENGINES:
-          rows.append(actor_rate(engine, k, delay, args.seconds))
+          rows.append(actor_rate(engine, k, delay, args.seconds, args.num_threads))
   summary = []
   for k in sizes:
     for engine in ENGINES:
