@@ -13,6 +13,7 @@ little, then kills it: nothing is left behind.
 """
 
 import faulthandler
+import os
 import signal
 import subprocess
 import sys
@@ -162,6 +163,12 @@ def _child_main() -> None:
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
   target(stop_event=stop, **kwargs)
+  # The work is done and its results written. Skip interpreter teardown: a Courier
+  # client's destructor can block on a call still in flight to a busy server, and the
+  # supervisor would then have to kill this process.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
 
 
 if __name__ == '__main__':
