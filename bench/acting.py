@@ -61,6 +61,7 @@ def main() -> int:
       row[f'{mode}_actor_rss_mb'] = run.node_rss('actor')
       row[f'{mode}_learner_rss_mb'] = run.node_rss('learner')
       row[f'{mode}_exit'] = result['exit_code']
+      row[f'{mode}_load_1m'] = result['load_1m_at_end']  # other work skews the numbers
       print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
             f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)

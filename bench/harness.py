@@ -126,7 +126,8 @@ class ProgramRun:
     summary_path = os.path.join(self.logdir, 'summary.json')
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
-            'summary': summary, 'wall_s': time.monotonic() - start}
+            'summary': summary, 'wall_s': time.monotonic() - start,
+            'load_1m_at_end': os.getloadavg()[0]}
 
   def _read_progress(self, path: str, offset: int, now: float) -> int:
     if not os.path.exists(path):

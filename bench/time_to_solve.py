@@ -50,7 +50,8 @@ def main() -> int:
              'startup_to_first_learner_step_s': run.first_learner_step_s,
              'startup_to_first_env_step_s': run.first_env_step_s,
              'program_peak_rss_mb': run.peak_total_rss,
-             'leftover_processes': len(result['leftovers'])}
+             'leftover_processes': len(result['leftovers']),
+             'load_1m_at_end': result['load_1m_at_end']}
       row.update({f'{g}_rss_mb': run.node_rss(g) for g in GROUPS})
       rows.append(row)
       outcome = f"solved in {row['time_to_target_s']:.0f}s" if solved else 'not solved'
