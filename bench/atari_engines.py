@@ -133,6 +133,11 @@ def actor_rate(engine: str, num_envs: int, delay_s: float, seconds: float,
     return time.perf_counter(), time.process_time(), actor.env_steps, actor.steps, load()
 
   def measure():
+    # The window starts `warmup` after the first answered call: resetting K envs (32
+    # gymnasium envs take seconds on a busy machine) is not stepping.
+    while actor.env_steps == 0:
+      if stop.wait(0.01):
+        return
     if stop.wait(warmup):
       return
     marks['start'] = mark()
