@@ -101,7 +101,7 @@ def _run(engine, num_envs, max_steps, delay_s, first_env_id=8, plans=None, **kwa
 
 def test_async_actor_sends_disjoint_halves_and_consistent_timelines():
   k = 4
-  actor, server, plans = _run('vector_async', k, max_steps=120, delay_s=0.01)
+  actor, server, plans = _run('vector_async', k, max_steps=120, delay_s=0.02)
   requests = server.requests
   assert len(requests) == 120 == actor.steps and actor.env_steps == 120 * k // 2
   ids = [set(r['env_ids'].tolist()) for r in requests]
@@ -111,7 +111,7 @@ def test_async_actor_sends_disjoint_halves_and_consistent_timelines():
     assert (request['run_ids'] == actor.run_id).all()
     assert request['observation'].shape == (k // 2, 84, 84, 4)
   # One request in flight at a time; the other half is with the engine meanwhile.
-  # With a 10 ms server the other half is always ready first: requests alternate
+  # With a 20 ms server the other half is always ready first: requests alternate
   # between two disjoint halves.
   assert server.max_in_flight == 1
   assert all(not (a & b) for a, b in zip(ids, ids[1:]))
