@@ -90,9 +90,10 @@ class ActorSideInference:
       self._sink = _OffsetSink(
           builder.make_trajectory_sink(reverb.Client(replay_address), num_envs, spec),
           first_env_id)
+    # One caller (this actor): every request is a whole batch; run it at once, whether
+    # it holds all K envs or half of them (a half-batch engine).
     self.server = InferenceServer(policy, spec, config.num_envs, self._sink,
-                                  max_batch_envs=num_envs,
-                                  batch_timeout_s=config.inference_timeout_ms / 1e3)
+                                  max_batch_envs=num_envs, batch_timeout_s=0.0)
     self._episodes: Dict[bool, List[np.ndarray]] = {False: [], True: []}
     self.server.episodes.listener = self._on_episodes
     self._variables = builder.policy_network(networks).variables
