@@ -1,13 +1,16 @@
 """Turns the benchmark JSONs in bench/results/ into README tables and one figure.
 
-    .venv/bin/python bench/report.py     # prints Markdown, writes bench/results/benchmarks.png
+    .venv/bin/python bench/report.py            # Markdown + bench/results/benchmarks.png
+    .venv/bin/python bench/report.py --publish  # also copies the figure and the JSONs to
+                                                # what the README shows (bench/benchmarks.png,
+                                                # bench/published/)
 
-Reads acting.json, inference_service.json and time_to_solve.json (whichever exist);
-writes nothing but the figure.
+Reads acting.json, inference_service.json and time_to_solve.json (whichever exist).
 """
 
 import json
 import os
+import shutil
 import sys
 from typing import Any, Dict, List
 
@@ -138,6 +141,15 @@ def main() -> int:
   path = figure(acting, solve)
   if path:
     print(f'Figure: {path}')
+  if '--publish' in sys.argv[1:]:
+    bench = os.path.dirname(RESULTS)
+    os.makedirs(os.path.join(bench, 'published'), exist_ok=True)
+    for name in ('acting.json', 'inference_service.json', 'time_to_solve.json'):
+      if os.path.exists(os.path.join(RESULTS, name)):
+        shutil.copy(os.path.join(RESULTS, name), os.path.join(bench, 'published', name))
+    if path:
+      shutil.copy(path, os.path.join(bench, 'benchmarks.png'))
+    print('Published to bench/benchmarks.png and bench/published/')
   return 0
 
 
