@@ -20,40 +20,13 @@ import tempfile
 import time
 import uuid
 
-import psutil
+import harness
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = harness.REPO
 TAG_VAR = 'SEEDACME_SOAK_TAG'
 ERROR_PATTERNS = (re.compile(r'^Traceback'), re.compile(r'^E\d{4} '), re.compile(r'^F\d{4} '))
 # Errors that belong to an orderly shutdown, not to the run.
 SHUTDOWN_NOISE = ('BatcherClosedError', 'shutting down', 'WriterClosedError')
-
-
-def tagged_processes(tag):
-  out = []
-  needle = f'{TAG_VAR}={tag}'.encode()
-  for p in psutil.process_iter(['pid']):
-    try:
-      with open(f'/proc/{p.pid}/environ', 'rb') as f:
-        if needle in f.read().split(b'\0') and p.status() != psutil.STATUS_ZOMBIE:
-          out.append(p)
-    except (OSError, psutil.Error):
-      continue
-  return out
-
-
-def rss_by_node(tag, nodes_dir):
-  """RSS (MB) per node: the sum of its processes (supervisor + child)."""
-  rss = {}
-  for p in tagged_processes(tag):
-    try:
-      out = os.readlink(f'/proc/{p.pid}/fd/1')
-      if out.startswith(nodes_dir):
-        node = out[len(nodes_dir):]
-        rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
-    except (OSError, psutil.Error):
-      continue
-  return rss
 
 
 def count_errors(nodes_dir):
@@ -103,7 +76,7 @@ def main():
     try:
       while proc.poll() is None:
         time.sleep(10)
-        rss = rss_by_node(tag, nodes_dir)
+        rss = harness.rss_by_node(tag, nodes_dir, TAG_VAR)
         if not rss:
           continue
         elapsed = time.monotonic() - start
@@ -117,7 +90,7 @@ def main():
       os.killpg(proc.pid, signal.SIGINT)
       code = proc.wait(60)
   time.sleep(3)
-  leftovers = [p.pid for p in tagged_processes(tag)]
+  leftovers = [p.pid for p in harness.tagged_processes(tag, TAG_VAR)]
   for p in leftovers:
     os.kill(p, signal.SIGKILL)
   errors = count_errors(nodes_dir)
