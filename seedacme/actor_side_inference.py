@@ -153,8 +153,7 @@ class ActorSideInference:
         'eval_env_steps': steps[1] - self._reported[1],
         'batches': stats.batches, 'units': stats.units, 'full_batches': stats.full_batches,
         'mean_latency_ms': stats.mean_latency_ms, 'p99_latency_ms': stats.p99_latency_ms,
-        'variable_updates': self.variable_updates,
-        'trajectory': self._sink.stats() if self._sink is not None else {},
+        'trajectory': server.trajectory_stats(),
     }
     for greedy, key in ((False, 'train_episodes'), (True, 'eval_episodes')):
       done = self._episodes[greedy]
@@ -218,7 +217,7 @@ class ActingReports:
   episode log, batch statistics -- summed from the actors' `report_acting` calls.
   """
 
-  def __init__(self, num_actors: int, envs_per_actor: int):
+  def __init__(self, envs_per_actor: int):
     self._lock = threading.Lock()
     self.episodes = EpisodeLog()
     self.env_steps = 0
@@ -226,12 +225,10 @@ class ActingReports:
     self.actor_restarts = 0
     self.requests_refused = 0
     self.max_batch_envs = envs_per_actor
-    self._num_actors = num_actors
     self._batches = self._units = self._full = 0
     self._latency_sum = 0.0
     self._p99 = float('nan')
     self._trajectory: Dict[int, Dict[str, float]] = {}
-    self.variable_updates: Dict[int, int] = {}
     self._closed = False
 
   def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -259,7 +256,6 @@ class ActingReports:
         self._p99 = p99 if np.isnan(self._p99) else max(self._p99, p99)
       if report['trajectory']:
         self._trajectory[source] = dict(report['trajectory'])
-      self.variable_updates[source] = int(report['variable_updates'])
     for greedy, key in ((False, 'train_episodes'), (True, 'eval_episodes')):
       returns, lengths = np.asarray(report[key], np.float64).reshape(2, -1)
       if returns.size:
@@ -298,7 +294,7 @@ class ActingReports:
 def check_report(report: Any) -> Dict[str, Any]:
   """Validates a `report_acting` payload; a malformed one fails only its caller."""
   required = ('source', 'env_steps', 'eval_env_steps', 'batches', 'units', 'full_batches',
-              'mean_latency_ms', 'p99_latency_ms', 'variable_updates', 'trajectory',
+              'mean_latency_ms', 'p99_latency_ms', 'trajectory',
               'train_episodes', 'eval_episodes')
   if not isinstance(report, dict):
     raise protocol.InvalidRequestError(

@@ -54,7 +54,7 @@ class CentralNode:
           batch_timeout_s=config.inference_timeout_ms / 1e3)
     else:
       # Actors run their own policy copies and report what they did.
-      self.server = ActingReports(config.num_actors, config.envs_per_actor)
+      self.server = ActingReports(config.envs_per_actor)
     self.learner = builder.make_learner(self._networks, replay, spec)
     self.learner_steps = 0
     self.last_metrics: Dict[str, float] = {}
@@ -144,13 +144,7 @@ class CentralNode:
         'actor_restarts': server.actor_restarts,
         'requests_refused': server.requests_refused,
     }
-    if self._sink is not None:
-      trajectory = self._sink.stats()
-    elif isinstance(server, ActingReports):
-      trajectory = server.trajectory_stats()
-    else:
-      trajectory = {}
-    record.update({f'trajectory_{k}': v for k, v in trajectory.items()})
+    record.update({f'trajectory_{k}': v for k, v in server.trajectory_stats().items()})
     record.update({f'learner_{k}': v for k, v in self.last_metrics.items()})
     self._last = (now, server.env_steps, self.learner_steps)
     return record

@@ -235,6 +235,10 @@ class InferenceServer:
         self.episodes.record(is_greedy, self._table.episode_return[ended],
                              self._table.episode_length[ended])
 
+  def trajectory_stats(self) -> Dict[str, float]:
+    """The trajectory sink's counters ({} when serving without recording)."""
+    return self._sink.stats() if self._sink is not None else {}
+
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     return self._batcher.stats(reset)
 

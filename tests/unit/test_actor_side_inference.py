@@ -113,7 +113,7 @@ def test_evaluator_writes_nothing_and_reports_eval_episodes(setup):
 def _report(**overrides):
   report = {'source': 0, 'env_steps': 100, 'eval_env_steps': 10, 'batches': 4,
             'units': 64, 'full_batches': 4, 'mean_latency_ms': 2.0, 'p99_latency_ms': 3.0,
-            'variable_updates': 2, 'trajectory': {'items_written': 5},
+            'trajectory': {'items_written': 5},
             'train_episodes': np.array([[1.0, -1.0], [9, 9]]),
             'eval_episodes': np.zeros((2, 0))}
   report.update(overrides)
@@ -121,7 +121,7 @@ def _report(**overrides):
 
 
 def test_acting_reports_sum_what_actors_send():
-  acting = ActingReports(num_actors=2, envs_per_actor=16)
+  acting = ActingReports(envs_per_actor=16)
   acting.report(_report())
   acting.report(_report(source=16, env_steps=50, batches=1, units=16, mean_latency_ms=7.0,
                         p99_latency_ms=9.0, eval_episodes=np.array([[1.0], [9]])))
@@ -143,7 +143,7 @@ def test_acting_reports_sum_what_actors_send():
     (_report(train_episodes=np.zeros(3)), 'train_episodes must have shape'),
 ])
 def test_malformed_reports_are_refused_by_name(report, message):
-  acting = ActingReports(num_actors=1, envs_per_actor=4)
+  acting = ActingReports(envs_per_actor=4)
   with pytest.raises(InvalidRequestError, match=message):
     acting.report(report)
   assert acting.env_steps == 0
@@ -151,7 +151,7 @@ def test_malformed_reports_are_refused_by_name(report, message):
 
 
 def test_central_node_of_actor_side_program_serves_no_steps():
-  acting = ActingReports(num_actors=1, envs_per_actor=4)
+  acting = ActingReports(envs_per_actor=4)
   with pytest.raises(InvalidRequestError, match="inference='actor'"):
     acting.step({})
   acting.stop_intake()
