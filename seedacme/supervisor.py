@@ -12,6 +12,7 @@ On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), wait
 little, then kills it: nothing is left behind.
 """
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -163,9 +164,11 @@ def _child_main() -> None:
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
   target(stop_event=stop, **kwargs)
-  # The work is done and its results written. Skip interpreter teardown: a Courier
+  # The work is done and its results written. Run the exit hooks (TF removes its
+  # autograph temp files there), then skip the rest of interpreter teardown: a Courier
   # client's destructor can block on a call still in flight to a busy server, and the
   # supervisor would then have to kill this process.
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(0)
