@@ -265,11 +265,7 @@ def main() -> int:
                       help='learning: where the run goes (the program: <logdir>/logdir)')
   parser.add_argument('--smoke', action='store_true',
                       help='learning: 60 s budget and 32 evaluation episodes')
-  argv = sys.argv[1:]
-  passthrough: List[str] = []
-  if '--' in argv:
-    passthrough = argv[argv.index('--') + 1:]
-    argv = argv[:argv.index('--')]
+  argv, passthrough = harness.split_passthrough(sys.argv[1:])
   args = parser.parse_args(argv)
   if args.num_actors is None:
     args.num_actors = 4 if args.throughput else 2

@@ -224,6 +224,14 @@ def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
   return float(sum(rates))
 
 
+def split_passthrough(argv: List[str]) -> 'tuple[List[str], List[str]]':
+  """`[own args] -- [run_local args]` -> (own args, args passed through to run_local)."""
+  if '--' not in argv:
+    return list(argv), []
+  i = argv.index('--')
+  return argv[:i], argv[i + 1:]
+
+
 def write_json(name: str, payload: Dict[str, Any]) -> str:
   os.makedirs(RESULTS, exist_ok=True)
   path = os.path.join(RESULTS, name)

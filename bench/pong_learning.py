@@ -33,6 +33,8 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+import harness
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -120,11 +122,7 @@ def main() -> int:
   parser.add_argument('--logdir', default=None)
   parser.add_argument('--smoke', action='store_true',
                       help='90 s budget and a small baseline: checks that it all runs')
-  argv = sys.argv[1:]
-  passthrough: List[str] = []
-  if '--' in argv:
-    passthrough = argv[argv.index('--') + 1:]
-    argv = argv[:argv.index('--')]
+  argv, passthrough = harness.split_passthrough(sys.argv[1:])
   args = parser.parse_args(argv)
   if args.smoke:
     args.hours, args.baseline_episodes, args.eval_interval_s = 90 / 3600, 16, 30.0
