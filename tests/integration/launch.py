@@ -112,6 +112,15 @@ class Run:
     with open(os.path.join(self.logdir, 'nodes', node)) as f:
       return f.read()
 
+  def complete(self, timeout: float) -> None:
+    """Waits for the program to end by itself; asserts exit code 0 and no process left."""
+    try:
+      code = self.wait(timeout)
+    finally:
+      leftovers = self.wait_for_no_leftovers()
+    assert code == 0, self.output[-3000:]
+    assert not leftovers, f'processes left behind: {leftovers}'
+
   def wait_for_no_leftovers(self, timeout: float = 15.0) -> List[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

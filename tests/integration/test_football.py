@@ -32,19 +32,13 @@ def test_vtrace_on_empty_goal_close_runs_end_to_end(tmp_path):
              '--progress_interval_s', '2',
              '--checkpoint_interval_s', '0', '--agent_config', 'unroll_length=8',
              '--agent_config', 'batch_size=4'], str(tmp_path))
-  try:
-    code = run.wait(120)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  out = run.output
-  assert code == 0, out[-3000:]
-  assert not leftovers, f'processes left behind: {leftovers}'
+  run.complete(120)
   summary = run.json('summary.json')
   assert summary['stopped_because'].startswith('reached'), summary  # a budget
   assert summary['env_steps'] > 0 and summary['learner_steps'] > 0, summary
   assert summary['episodes'] > 0, summary  # episodes of this scenario are short
   assert 0.0 <= summary['average_return'] <= 1.0  # scoring reward: goals per episode
-  assert 'final average return' in out
+  assert 'final average return' in run.output
   for node in ('actor/0', 'evaluator/0'):
     assert 'tensorflow imported: False' in run.node_log(node), node
   assert 'Traceback' not in run.node_log('learner/0')
