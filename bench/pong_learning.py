@@ -17,9 +17,16 @@
    * queue_size 32 instead of 256: the queue is full when the learner is the
      bottleneck, so its size is the policy lag: 256 unrolls would be 32 updates at
      batch 8, 32 unrolls are 4 (and ~20 MB of frames instead of ~150 MB).
-3. Writes <logdir>/curve.csv and curve.png (seedacme/curves.py) and a JSON summary
-   (frames/s, duration, returns, the baseline) to <logdir>/learning_summary.json and
-   bench/results/pong_learning[_smoke].json.
+3. The raw env ceiling, once the program has stopped (so the machine is quiet):
+   `num_actors` processes each stepping `envs_per_actor` envs of the same game with the
+   same engine and random actions, no inference and no RPC (`harness.env_ceiling`). The
+   run's acting throughput is reported as a fraction of it.
+4. Writes <logdir>/curve.csv and curve.png (seedacme/curves.py) and a JSON summary
+   (frames/s, duration, returns, the baseline, the ceiling) to
+   <logdir>/learning_summary.json and bench/results/pong_learning[_smoke].json.
+
+`--resummarize LOGDIR` redoes steps 3-4 for a run that already ended (or was stopped),
+keeping its recorded baseline and command.
 """
 
 import argparse
@@ -99,6 +106,58 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
   }
 
 
+def measure_ceiling(game: str, num_actors: int, envs_per_actor: int, engine: str,
+                    seconds: float) -> Dict[str, Any]:
+  """Frames/s of the actors' engine alone: random actions, no inference, no RPC."""
+  print(f'env ceiling: {num_actors} processes x {envs_per_actor} envs of {game} '
+        f'({engine}), random actions, {seconds:.0f}s', flush=True)
+  steps_per_s = harness.env_ceiling('atari', num_actors, envs_per_actor, seconds=seconds,
+                                    game=game, engine=engine)
+  print(f'  {steps_per_s * FRAMES_PER_STEP:,.0f} frames/s', flush=True)
+  return {'processes': num_actors, 'envs_per_process': envs_per_actor, 'engine': engine,
+          'env_steps_per_s': steps_per_s, 'frames_per_s': steps_per_s * FRAMES_PER_STEP}
+
+
+def finish(result: Dict[str, Any], smoke: bool) -> int:
+  """Adds the curves and the ceiling ratio, writes the JSONs and prints the outcome."""
+  logdir = result['logdir']
+  try:
+    result['curves'] = write_curves(logdir, title=f"V-trace on {result['game']}")
+  except Exception as e:  # pylint: disable=broad-except
+    result['curves'] = f'could not write the curves: {e}'
+  fps, ceiling = result['frames_per_s'], result['env_ceiling']['frames_per_s']
+  result['fraction_of_ceiling'] = fps / ceiling if fps and ceiling else None
+  for path in (os.path.join(logdir, 'learning_summary.json'),
+               os.path.join(REPO, 'bench', 'results',
+                            'pong_learning_smoke.json' if smoke
+                            else f"{result['game'].lower()}_learning.json")):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump(result, f, indent=1)
+  baseline = result['random_baseline']
+  fraction = result['fraction_of_ceiling']
+  print(f"done: {result['stopped_because']}; {result['duration_s']:.0f}s, "
+        f"{result['frames']:,} frames ({'-' if fps is None else f'{fps:,.0f}'}/s, "
+        f"{'-' if fraction is None else f'{100 * fraction:.0f}'} % of the "
+        f"{ceiling:,.0f} frames/s env ceiling), final average return "
+        f"{result['final_average_return']} (random {baseline['average_return']:.2f}); "
+        f"summary {path}", flush=True)
+  return result['returncode']
+
+
+def resummarize(logdir: str, ceiling_seconds: float) -> int:
+  """Recomputes the summary, the curves and the ceiling of a run that has ended."""
+  with open(os.path.join(logdir, 'learning_summary.json')) as f:
+    old = json.load(f)
+  argv = old['command'].split()
+  option = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+  num_actors, envs_per_actor = int(argv[4]), int(argv[5])
+  result = {**old, **summarize(logdir, old['wall_s'], old['returncode'])}
+  result['env_ceiling'] = measure_ceiling(option('--game'), num_actors, envs_per_actor,
+                                          option('--env_engine'), ceiling_seconds)
+  return finish(result, smoke=False)
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
@@ -120,12 +179,19 @@ def main() -> int:
                       help='Reverb queue capacity in unrolls (default config: 256)')
   parser.add_argument('--baseline_episodes', type=int, default=32)
   parser.add_argument('--logdir', default=None)
+  parser.add_argument('--ceiling_seconds', type=float, default=20.0,
+                      help='how long to measure the raw env ceiling')
   parser.add_argument('--smoke', action='store_true',
                       help='90 s budget and a small baseline: checks that it all runs')
+  parser.add_argument('--resummarize', metavar='LOGDIR', default=None,
+                      help='only redo the ceiling, curves and summary of an ended run')
   argv, passthrough = harness.split_passthrough(sys.argv[1:])
   args = parser.parse_args(argv)
+  if args.resummarize:
+    return resummarize(os.path.abspath(args.resummarize), args.ceiling_seconds)
   if args.smoke:
     args.hours, args.baseline_episodes, args.eval_interval_s = 90 / 3600, 16, 30.0
+    args.ceiling_seconds = 5.0
   logdir = os.path.abspath(args.logdir or os.path.join(
       REPO, 'runs', f'{args.game.lower()}_learning_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
 
@@ -153,23 +219,9 @@ def main() -> int:
 
   result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
             'random_baseline': baseline, **summarize(logdir, wall_s, returncode)}
-  try:
-    result['curves'] = write_curves(logdir, title=f'V-trace on {args.game}')
-  except Exception as e:  # pylint: disable=broad-except
-    result['curves'] = f'could not write the curves: {e}'
-  for path in (os.path.join(logdir, 'learning_summary.json'),
-               os.path.join(REPO, 'bench', 'results',
-                            'pong_learning_smoke.json' if args.smoke
-                            else f'{args.game.lower()}_learning.json')):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, 'w') as f:
-      json.dump(result, f, indent=1)
-  fps = result['frames_per_s']
-  print(f"done: {result['stopped_because']}; {result['duration_s']:.0f}s, "
-        f"{result['frames']:,} frames ({'-' if fps is None else f'{fps:,.0f}'}/s), "
-        f"final average return {result['final_average_return']} (random "
-        f"{baseline['average_return']:.2f}); summary {path}", flush=True)
-  return returncode
+  result['env_ceiling'] = measure_ceiling(args.game, args.num_actors, args.envs_per_actor,
+                                          args.env_engine, args.ceiling_seconds)
+  return finish(result, args.smoke)
 
 
 if __name__ == '__main__':
