@@ -16,8 +16,16 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # Atari/DMLab: rewards clipped in the loss; envs report raw scores.
     # Feed-forward Nature CNN: what 2 CPU cores can train; SEED's own choice is
     # torso='impala_resnet' with network='lstm' (set them for accelerator runs).
+    # adam_epsilon=1e-3: with Adam's default 1e-7 every parameter moves ~lr per step
+    # however tiny its gradient, and on Pong the consistent early pull of the value
+    # towards its mean return (~-2) drove every unit of the first conv layer below zero
+    # for every frame: after 16k updates (2.5M env steps) the torso was dead, the
+    # policy state-independent and returns flat at random's -20.3. A larger epsilon
+    # scales small gradients down instead (SGD-like) and keeps the torso alive
+    # (IMPALA's RMSProp used epsilon 0.01 on a summed loss).
     'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
-                  learning_rate=6e-4, entropy_cost=0.01, unroll_length=20, batch_size=32),
+                  learning_rate=6e-4, adam_epsilon=1e-3, entropy_cost=0.01,
+                  unroll_length=20, batch_size=32),
     'dmlab': dict(network='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
     # Football (stacked SMM): SEED's feed-forward 4-stack ResNet, unroll and discount;
     # a learning rate and entropy cost for short runs (SEED's are tuned for 500M frames).

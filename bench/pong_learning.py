@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,23 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
       'best_at_env_steps': None if best is None else best['env_steps'],
       'best_at_s': None if best is None else best['elapsed_s'],
   }
+
+
+def run_to_end(cmd: List[str], grace_s: float = 120.0) -> int:
+  """Runs `cmd` to its end. On Ctrl-C, lets it shut its program down (run_local stops
+  every node on SIGINT) instead of killing it, which would orphan the nodes; the
+  summary of the interrupted run is still written."""
+  proc = subprocess.Popen(cmd, cwd=REPO)
+  try:
+    return proc.wait()
+  except KeyboardInterrupt:
+    print('interrupted: stopping the program', flush=True)
+    proc.send_signal(signal.SIGINT)
+    try:
+      return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      return proc.wait()
 
 
 def measure_ceiling(game: str, num_actors: int, envs_per_actor: int, engine: str,
@@ -214,7 +232,7 @@ def main() -> int:
   cmd += passthrough
   print('run: ' + ' '.join(cmd[1:]), flush=True)
   start = time.monotonic()
-  returncode = subprocess.call(cmd, cwd=REPO)
+  returncode = run_to_end(cmd)
   wall_s = time.monotonic() - start
 
   result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
