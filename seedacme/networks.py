@@ -85,15 +85,17 @@ class Conv2D(snt.Module):
   which Python 3.10 removed.)"""
 
   def __init__(self, channels: int, kernel: int, stride: int = 1, padding: str = 'SAME',
-               name: str = 'conv2d'):
+               w_init: snt.initializers.Initializer | None = None, name: str = 'conv2d'):
+    """`w_init` defaults to a truncated normal with stddev 1/sqrt(fan_in)."""
     super().__init__(name=name)
     self._channels, self._kernel, self._stride, self._padding = (channels, kernel, stride,
                                                                  padding)
+    self._w_init = w_init
 
   @snt.once
   def _create(self, in_channels: int) -> None:
     fan_in = self._kernel * self._kernel * in_channels
-    init = snt.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(fan_in))
+    init = self._w_init or snt.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(fan_in))
     self.w = tf.Variable(init([self._kernel, self._kernel, in_channels, self._channels],
                               tf.float32), name='w')
     self.b = tf.Variable(tf.zeros([self._channels]), name='b')
@@ -104,14 +106,23 @@ class Conv2D(snt.Module):
 
 
 class NatureCNN(snt.Module):
-  """DQN's torso (Mnih et al., 2015): 3 conv layers, then a 512-unit ReLU layer."""
+  """DQN's torso (Mnih et al., 2015): 3 conv layers, then a 512-unit ReLU layer.
+
+  Weights are orthogonal with gain sqrt(2) (He-style, as in the A2C/PPO Atari
+  baselines), not fan-in scaled: Atari frames are a near-constant background with a few
+  moving pixels, and with fan-in init the features hardly differed between frames (the
+  value's spread over Pong frames was 10x smaller), so the learner's early pull of the
+  value towards the mean return drove units dead instead of telling frames apart
+  (tests/unit/test_atari_vtrace_torso.py).
+  """
 
   def __init__(self, name: str = 'nature_cnn'):
     super().__init__(name=name)
-    self._convs = [Conv2D(32, 8, stride=4, padding='VALID'),
-                   Conv2D(64, 4, stride=2, padding='VALID'),
-                   Conv2D(64, 3, stride=1, padding='VALID')]
-    self._linear = snt.Linear(512)
+    ortho = snt.initializers.Orthogonal(gain=np.sqrt(2.0))
+    self._convs = [Conv2D(32, 8, stride=4, padding='VALID', w_init=ortho),
+                   Conv2D(64, 4, stride=2, padding='VALID', w_init=ortho),
+                   Conv2D(64, 3, stride=1, padding='VALID', w_init=ortho)]
+    self._linear = snt.Linear(512, w_init=ortho)
 
   def __call__(self, observation: tf.Tensor) -> tf.Tensor:
     x = to_float(observation)

@@ -22,12 +22,24 @@ from seedacme.networks import RecurrentCore, batch_apply, make_torso
 Nest = Any
 
 
-class PolicyValueHead(snt.Module):
-  """Linear policy logits and a scalar value."""
+def _policy_init_scale(torso: str) -> float | None:
+  """A small policy init for the Nature CNN, whose orthogonal sqrt(2) features are large."""
+  return 0.01 if torso == 'nature_cnn' else None
 
-  def __init__(self, num_actions: int, name: str = 'policy_value_head'):
+
+class PolicyValueHead(snt.Module):
+  """Linear policy logits and a scalar value.
+
+  `policy_init_scale`: if set, the policy weights are orthogonal with this gain (0.01:
+  a near-uniform first policy however large the torso's features, as for frames).
+  """
+
+  def __init__(self, num_actions: int, policy_init_scale: float | None = None,
+               name: str = 'policy_value_head'):
     super().__init__(name=name)
-    self._policy = snt.Linear(num_actions, name='policy')
+    w_init = (None if policy_init_scale is None
+              else snt.initializers.Orthogonal(gain=policy_init_scale))
+    self._policy = snt.Linear(num_actions, w_init=w_init, name='policy')
     self._value = snt.Linear(1, name='value')
 
   def __call__(self, features: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -41,7 +53,7 @@ class FeedForwardPolicyValue(snt.Module):
                torso: str = 'mlp', name: str = 'feed_forward_policy_value'):
     super().__init__(name=name)
     self._torso = make_torso(torso, hidden_sizes)
-    self._head = PolicyValueHead(num_actions)
+    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso))
 
   def initial_state(self, batch_size: int) -> Nest:
     del batch_size
@@ -62,7 +74,7 @@ class LSTMPolicyValue(snt.Module):
                lstm_size: int = 64, torso: str = 'mlp', name: str = 'lstm_policy_value'):
     super().__init__(name=name)
     self._core = RecurrentCore(make_torso(torso, hidden_sizes), lstm_size)
-    self._head = PolicyValueHead(num_actions)
+    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso))
 
   def initial_state(self, batch_size: int) -> Nest:
     return self._core.initial_state(batch_size)
