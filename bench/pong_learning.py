@@ -84,7 +84,12 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
     with open(summary_path) as f:
       summary = json.load(f)
   last = records[-1] if records else {}
-  elapsed = summary.get('elapsed_s', last.get('elapsed_s')) or 0.0
+  # A resumed run (same logdir) appends records whose clock starts again at 0: the
+  # run's duration is the sum of its segments' last clocks.
+  segments = [r['elapsed_s'] for r, nxt in zip(records, records[1:] + [None])
+              if nxt is None or nxt['elapsed_s'] < r['elapsed_s']]
+  elapsed = (sum(segments) if len(segments) > 1
+             else summary.get('elapsed_s', last.get('elapsed_s'))) or 0.0
   env_steps = summary.get('env_steps', last.get('env_steps')) or 0
   trained = [r for r in records if r.get('average_return') is not None]
   best = max(trained, key=lambda r: r['average_return']) if trained else None
@@ -93,6 +98,7 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
       'stopped_because': summary.get('stopped_because'),
       'wall_s': wall_s,
       'duration_s': elapsed,
+      'segments_s': segments,
       'env_steps': env_steps,
       'frames': env_steps * FRAMES_PER_STEP,
       'frames_per_s': env_steps * FRAMES_PER_STEP / elapsed if elapsed else None,
