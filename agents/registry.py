@@ -20,9 +20,10 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # however tiny its gradient, and on Pong the consistent early pull of the value
     # towards its mean return (~-2) drove every unit of the first conv layer below zero
     # for every frame: after 16k updates (2.5M env steps) the torso was dead, the
-    # policy state-independent and returns flat at random's -20.3. A larger epsilon
-    # scales small gradients down instead (SGD-like) and keeps the torso alive
-    # (IMPALA's RMSProp used epsilon 0.01 on a summed loss).
+    # policy state-independent and returns flat at random's -20.3. The larger epsilon
+    # scales small gradients down instead (SGD-like); on its own it only slowed the
+    # dying, together with the Nature CNN's orthogonal init (seedacme/networks.py) Pong
+    # learns (README, "Pong learns"; tests/unit/test_atari_vtrace_torso.py).
     'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
                   learning_rate=6e-4, adam_epsilon=1e-3, entropy_cost=0.01,
                   unroll_length=20, batch_size=32),

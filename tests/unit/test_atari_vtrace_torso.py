@@ -7,8 +7,8 @@ zero on every frame. After 16k updates no unit of conv0 was active, the policy w
 same for every frame and returns stayed at random's. Here: 200 learner updates on
 unrolls of random Pong play (real frames, real rewards), then every conv layer must
 still have most of the units it had alive at the start, and its weights must have moved
-(the torso learns; it is not frozen). With adam_epsilon=1e-7 conv0 falls from 78 % to
-under 45 % of units alive in 150 updates.
+(the torso learns; it is not frozen). With adam_epsilon=1e-7 (and the orthogonal init)
+conv0 fell from 69 % to 25 % of units alive in these 200 updates.
 """
 
 import numpy as np
