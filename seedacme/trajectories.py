@@ -127,6 +127,7 @@ class ReverbSequenceWriter:
     self._flush_timeout_ms = flush_timeout_ms
     self._queue: queue.Queue[Dict[str, Any]] = queue.Queue(maxsize=max_pending)
     self._closed = threading.Event()
+    self.items_queued = 0
     self.items_written = 0
     self.blocked_seconds = 0.0
     self.error: BaseException | None = None
@@ -145,6 +146,7 @@ class ReverbSequenceWriter:
           raise WriterClosedError(f'writer for table {self._table!r} is closed')
         try:
           self._queue.put(entry, timeout=0.1)
+          self.items_queued += 1
           break
         except queue.Full:
           continue
@@ -198,6 +200,20 @@ class ReverbSequenceWriter:
           continue  # Table full: the rate limiter is holding us back.
         raise
 
+  def wait_until_written(self, timeout_s: float = 10.0) -> bool:
+    """Waits until every item queued so far is in Reverb; False on timeout or failure.
+
+    `write` returns once an item is queued; the background thread inserts it a little
+    later. Call this after the last `write` when the table's contents must be settled
+    (before a checkpoint, or before counting items).
+    """
+    deadline = time.monotonic() + timeout_s
+    while self.items_written < self.items_queued:
+      if self.error is not None or self._closed.is_set() or time.monotonic() > deadline:
+        return False
+      time.sleep(0.01)
+    return True
+
   def close(self, timeout_s: float = 5.0) -> None:
     self._closed.set()
     self._thread.join(timeout_s)
@@ -224,6 +240,10 @@ class ReverbSequenceSink:
             'items_written': self.writer.items_written,
             'writer_pending': self.writer.pending,
             'writer_blocked_s': self.writer.blocked_seconds}
+
+  def wait_until_written(self, timeout_s: float = 10.0) -> bool:
+    """Waits until every sequence emitted so far is in Reverb (see the writer's)."""
+    return self.writer.wait_until_written(timeout_s)
 
   def close(self) -> None:
     self.writer.close()

@@ -171,8 +171,9 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
   deadline = time.monotonic() + 60
   while _table_size(client, table) < 64 and time.monotonic() < deadline:
     time.sleep(0.05)
-  actors[0].stop.set()  # freeze the table's contents
+  actors[0].stop.set()  # freeze the table's contents ...
   actors[0].join(10)
+  assert central._sink.wait_until_written(10)  # noqa: SLF001  ... once in-flight items land
   size = _table_size(client, table)
   before = _sampled_priorities(client, table, 4 * size)
   assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants

@@ -1,4 +1,5 @@
-"""SequenceAssembler: fixed-length unrolls across episode ends, overlap, resets."""
+"""SequenceAssembler: fixed-length unrolls across episode ends, overlap, resets; the
+Reverb writer behind it reports when queued sequences have landed."""
 
 import numpy as np
 import pytest
@@ -65,3 +66,27 @@ def test_reset_drops_partial_sequence():
 def test_invalid_period():
   with pytest.raises(ValueError, match='period'):
     SequenceAssembler(1, length=3, period=4, on_sequences=lambda s: None)
+
+
+@pytest.mark.timeout(60)
+def test_writer_reports_when_every_queued_sequence_is_in_reverb():
+  import reverb
+
+  from seedacme.trajectories import ReverbSequenceWriter
+  table = reverb.Table.queue('q', max_size=100)
+  server = reverb.Server([table], port=None)
+  try:
+    client = reverb.Client(f'localhost:{server.port}')
+    writer = ReverbSequenceWriter(
+        client, 'q', lambda seqs: [(1.0, {'x': s}) for s in seqs['x']])
+    for i in range(10):
+      writer.write({'x': np.full((3, 5, 2), i, np.float32)})  # 3 sequences of length 5
+    assert writer.items_queued == 30
+    assert writer.wait_until_written(20)
+    assert writer.items_written == 30
+    assert client.server_info()['q'].current_size == 30
+    writer.close()
+    with pytest.raises(Exception, match='closed'):
+      writer.write({'x': np.zeros((1, 5, 2), np.float32)})
+  finally:
+    server.stop()
