@@ -169,16 +169,30 @@ def finish(result: Dict[str, Any], smoke: bool) -> int:
   return result['returncode']
 
 
+def _program_of(result: Dict[str, Any]) -> Dict[str, Any]:
+  """The run's game, actors, envs per actor and engine, as recorded in its summary.
+
+  Summaries written before these were stored as fields (the published one) only have
+  the command line, which run_local's own parser reads back.
+  """
+  if 'program' in result:
+    return result['program']
+  from seedacme.launchers.local import parse_args  # pylint: disable=import-outside-toplevel
+  argv = result['command'].split()
+  args = parse_args(argv[argv.index('seedacme.launchers.local') + 1:])
+  return {'game': args.game, 'num_actors': args.num_actors,
+          'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
+
+
 def resummarize(logdir: str, ceiling_seconds: float) -> int:
   """Recomputes the summary, the curves and the ceiling of a run that has ended."""
   with open(os.path.join(logdir, 'learning_summary.json')) as f:
     old = json.load(f)
-  argv = old['command'].split()
-  option = lambda name: argv[argv.index(name) + 1]  # noqa: E731
-  num_actors, envs_per_actor = int(argv[4]), int(argv[5])
-  result = {**old, **summarize(logdir, old['wall_s'], old['returncode'])}
-  result['env_ceiling'] = measure_ceiling(option('--game'), num_actors, envs_per_actor,
-                                          option('--env_engine'), ceiling_seconds)
+  program = _program_of(old)
+  result = {**old, 'program': program, **summarize(logdir, old['wall_s'], old['returncode'])}
+  result['env_ceiling'] = measure_ceiling(program['game'], program['num_actors'],
+                                          program['envs_per_actor'], program['env_engine'],
+                                          ceiling_seconds)
   return finish(result, smoke=False)
 
 
@@ -242,6 +256,9 @@ def main() -> int:
   wall_s = time.monotonic() - start
 
   result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
+            'program': {'game': args.game, 'num_actors': args.num_actors,
+                        'envs_per_actor': args.envs_per_actor,
+                        'env_engine': args.env_engine},
             'random_baseline': baseline, **summarize(logdir, wall_s, returncode)}
   result['env_ceiling'] = measure_ceiling(args.game, args.num_actors, args.envs_per_actor,
                                           args.env_engine, args.ceiling_seconds)
