@@ -189,7 +189,9 @@ def resummarize(logdir: str, ceiling_seconds: float) -> int:
   with open(os.path.join(logdir, 'learning_summary.json')) as f:
     old = json.load(f)
   program = _program_of(old)
-  result = {**old, 'program': program, **summarize(logdir, old['wall_s'], old['returncode'])}
+  # The logdir given, not the recorded one: the run may have been moved or copied.
+  result = {**old, 'logdir': logdir, 'program': program,
+            **summarize(logdir, old['wall_s'], old['returncode'])}
   result['env_ceiling'] = measure_ceiling(program['game'], program['num_actors'],
                                           program['envs_per_actor'], program['env_engine'],
                                           ceiling_seconds)
