@@ -205,7 +205,7 @@ class ReverbSequenceWriter:
 
     `write` returns once an item is queued; the background thread inserts it a little
     later. Call this after the last `write` when the table's contents must be settled
-    (before a checkpoint, or before counting items).
+    (for instance before counting its items).
     """
     deadline = time.monotonic() + timeout_s
     while self.items_written < self.items_queued:

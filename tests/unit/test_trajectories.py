@@ -72,7 +72,7 @@ def test_invalid_period():
 def test_writer_reports_when_every_queued_sequence_is_in_reverb():
   import reverb
 
-  from seedacme.trajectories import ReverbSequenceWriter
+  from seedacme.trajectories import ReverbSequenceWriter, WriterClosedError
   table = reverb.Table.queue('q', max_size=100)
   server = reverb.Server([table], port=None)
   try:
@@ -86,7 +86,7 @@ def test_writer_reports_when_every_queued_sequence_is_in_reverb():
     assert writer.items_written == 30
     assert client.server_info()['q'].current_size == 30
     writer.close()
-    with pytest.raises(Exception, match='closed'):
+    with pytest.raises(WriterClosedError, match='closed'):
       writer.write({'x': np.zeros((1, 5, 2), np.float32)})
   finally:
     server.stop()
