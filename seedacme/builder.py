@@ -36,13 +36,9 @@ class TrajectorySink(abc.ABC):
   def stats(self) -> Dict[str, float]:
     """Counters for progress output (items written, time blocked, ...)."""
 
+  @abc.abstractmethod
   def wait_until_written(self, timeout_s: float = 10.0) -> bool:
-    """Waits until everything added so far is in Reverb; False if it did not get there.
-
-    Sinks that write synchronously have nothing to wait for.
-    """
-    del timeout_s
-    return True
+    """Waits until everything added so far is in Reverb; False if it did not get there."""
 
   def close(self) -> None:
     """Stops background work."""
