@@ -130,9 +130,14 @@ def run_to_end(cmd: List[str], grace_s: float = 120.0) -> int:
       return proc.wait()
 
 
-def measure_ceiling(game: str, num_actors: int, envs_per_actor: int, engine: str,
-                    seconds: float) -> Dict[str, Any]:
-  """Frames/s of the actors' engine alone: random actions, no inference, no RPC."""
+def measure_ceiling(program: Dict[str, Any], seconds: float) -> Dict[str, Any]:
+  """Frames/s of the actors' engine alone: random actions, no inference, no RPC.
+
+  `program`: the run's game, num_actors, envs_per_actor and env_engine.
+  """
+  game, num_actors, envs_per_actor, engine = (program['game'], program['num_actors'],
+                                              program['envs_per_actor'],
+                                              program['env_engine'])
   print(f'env ceiling: {num_actors} processes x {envs_per_actor} envs of {game} '
         f'({engine}), random actions, {seconds:.0f}s', flush=True)
   steps_per_s = harness.env_ceiling('atari', num_actors, envs_per_actor, seconds=seconds,
@@ -192,9 +197,7 @@ def resummarize(logdir: str, ceiling_seconds: float) -> int:
   # The logdir given, not the recorded one: the run may have been moved or copied.
   result = {**old, 'logdir': logdir, 'program': program,
             **summarize(logdir, old['wall_s'], old['returncode'])}
-  result['env_ceiling'] = measure_ceiling(program['game'], program['num_actors'],
-                                          program['envs_per_actor'], program['env_engine'],
-                                          ceiling_seconds)
+  result['env_ceiling'] = measure_ceiling(program, ceiling_seconds)
   return finish(result, smoke=False)
 
 
@@ -257,13 +260,12 @@ def main() -> int:
   returncode = run_to_end(cmd)
   wall_s = time.monotonic() - start
 
+  program = {'game': args.game, 'num_actors': args.num_actors,
+             'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
   result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
-            'program': {'game': args.game, 'num_actors': args.num_actors,
-                        'envs_per_actor': args.envs_per_actor,
-                        'env_engine': args.env_engine},
-            'random_baseline': baseline, **summarize(logdir, wall_s, returncode)}
-  result['env_ceiling'] = measure_ceiling(args.game, args.num_actors, args.envs_per_actor,
-                                          args.env_engine, args.ceiling_seconds)
+            'program': program, 'random_baseline': baseline,
+            **summarize(logdir, wall_s, returncode)}
+  result['env_ceiling'] = measure_ceiling(program, args.ceiling_seconds)
   return finish(result, args.smoke)
 
 
