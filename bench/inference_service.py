@@ -48,23 +48,20 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop) -> None:
   else:
     from seedacme.envs.registry import EnvSpec  # pylint: disable=g-import-not-at-top
     from seedacme.inference import InferenceServer  # pylint: disable=g-import-not-at-top
-    from seedacme.policy import PolicyStep, ServerPolicy  # pylint: disable=g-import-not-at-top
+    from seedacme.policy import PolicyStep, StatelessPolicy  # pylint: disable=g-import-not-at-top
     spec = EnvSpec(shape, dtype, num_actions)
     if kind == 'seed':
       from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
       overrides = {'torso': 'impala_resnet'} if env == 'atari' else {}
       builder = registry.make_builder('vtrace', env, **overrides)
-      policy = builder.make_policy(builder.make_networks(spec), spec, num_envs)
+      policy = builder.make_policy(builder.make_networks(spec), spec, num_envs, num_envs)
     else:
-      class NoWork(ServerPolicy):
-        def initial_state(self, batch_size):
-          return ()
-
-        def step(self, observation, state, greedy, env_ids):
+      class NoWork(StatelessPolicy):
+        def act(self, observation, greedy, env_ids):
           b = len(observation)
           return PolicyStep(np.zeros(b, np.int32), {'logits': np.zeros((b, num_actions),
                                                                        np.float32)}, ())
-      policy = NoWork()
+      policy = NoWork(num_envs)
     server = InferenceServer(policy, spec, num_envs, None)
 
     class Service:
@@ -73,7 +70,7 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop) -> None:
 
       def stats(self):
         s = server.batch_stats(reset=True)
-        return {'batch_fill': s.mean_batch_units / server.max_batch_envs}
+        return {'batch_fill': s.mean_batch_units / server.batch_capacity}
     target = Service()
   courier_server = courier_utils.make_courier_server(target, port=port, thread_pool_size=16)
   courier_server.Start()

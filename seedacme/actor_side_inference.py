@@ -84,7 +84,7 @@ class ActorSideInference:
     self._stop = stop_event
     self._report_interval_s = report_interval_s
     networks = builder.make_networks(spec)
-    policy = builder.make_policy(networks, spec, config.num_train_envs)
+    policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
     self._sink = None
     if config.train and not greedy:
       self._sink = _OffsetSink(
@@ -93,7 +93,8 @@ class ActorSideInference:
     # One caller (this actor): every request is a whole batch; run it at once, whether
     # it holds all K envs or half of them (a half-batch engine).
     self.server = InferenceServer(policy, spec, config.num_envs, self._sink,
-                                  max_batch_envs=num_envs, batch_timeout_s=0.0)
+                                  max_batch_envs=num_envs, batch_timeout_s=0.0,
+                                  batch_capacity=num_envs)
     self._episodes: Dict[bool, List[np.ndarray]] = {False: [], True: []}
     self.server.episodes.listener = self._on_episodes
     self._variables = builder.policy_network(networks).variables
@@ -224,7 +225,7 @@ class ActingReports:
     self.eval_env_steps = 0
     self.actor_restarts = 0
     self.requests_refused = 0
-    self.max_batch_envs = envs_per_actor
+    self.max_batch_envs = self.batch_capacity = envs_per_actor
     self._batches = self._units = self._full = 0
     self._latency_sum = 0.0
     self._p99 = float('nan')

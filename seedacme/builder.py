@@ -81,8 +81,10 @@ class SeedBuilder(abc.ABC):
     """Networks with their variables created (central node)."""
 
   @abc.abstractmethod
-  def make_policy(self, networks: Any, spec: EnvSpec, num_train_envs: int) -> ServerPolicy:
-    """The batched policy the inference server runs (training env ids: 0..num_train_envs-1)."""
+  def make_policy(self, networks: Any, spec: EnvSpec, num_train_envs: int,
+                  num_envs: int) -> ServerPolicy:
+    """The batched policy the inference server runs; it holds the state of global env
+    ids 0..num_envs-1, of which 0..num_train_envs-1 are training envs."""
 
   @abc.abstractmethod
   def make_trajectory_sink(self, replay_client: Any, num_envs: int,

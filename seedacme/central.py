@@ -45,7 +45,8 @@ class CentralNode:
     self._policy_variables = builder.policy_network(self._networks).variables
     self._sink = None
     if config.inference == 'central':
-      policy = builder.make_policy(self._networks, spec, config.num_train_envs)
+      policy = builder.make_policy(self._networks, spec, config.num_train_envs,
+                                   config.num_envs)
       if config.train:
         self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
       self.server = InferenceServer(
@@ -138,7 +139,7 @@ class CentralNode:
         'learner_steps_per_s': (self.learner_steps - learn0) / dt,
         **self._replay_stats(),
         'inference_batches': batch.batches,
-        'batch_fill': batch.mean_batch_units / server.max_batch_envs,
+        'batch_fill': batch.mean_batch_units / server.batch_capacity,
         'latency_ms': batch.mean_latency_ms,
         'latency_p99_ms': batch.p99_latency_ms,
         'actor_restarts': server.actor_restarts,

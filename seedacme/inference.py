@@ -1,14 +1,14 @@
 """The inference server: batched central inference with server-side env state.
 
-This is where the batch gets formed (`RequestBatcher`) and where each env's state
-lives (`EnvStateTable`). Per inference batch the server
+This is where the batch gets formed (`RequestBatcher`). Per inference batch the server
 
 1. validates each request (`protocol.validate_request`) on the caller's thread -- a bad
    request fails only its caller;
 2. joins requests from many actors into one batch;
-3. resets the state of envs whose run id changed (actor restart: recurrent state back
-   to initial, partial unroll dropped) and of envs starting an episode;
-4. runs the policy ONCE for the whole batch;
+3. marks for reset the envs whose run id changed (actor restart: recurrent state back
+   to initial, partial unroll dropped) and the envs starting an episode;
+4. runs the policy's batch step ONCE for the whole batch (the policy keeps each env's
+   recurrent state, on the device: `seedacme.tf_policy`);
 5. appends each training env's step to its trajectory (completed sequences go to
    Reverb) and records finished episodes;
 6. returns each caller its slice of the actions.
@@ -35,34 +35,17 @@ _FIRST = int(dm_env.StepType.FIRST)
 _LAST = int(dm_env.StepType.LAST)
 
 
-class EnvStateTable:
-  """Server-side state of every env, keyed by global env id."""
+class EnvRuns:
+  """Host-side bookkeeping per global env id: its actor's run id and the episode so far.
 
-  def __init__(self, num_envs: int, initial_state: Nest):
-    """`initial_state` is the policy's state for ONE env (leaves `[1, ...]`)."""
+  The recurrent state itself lives with the policy (on the device, `seedacme.tf_policy`).
+  """
+
+  def __init__(self, num_envs: int):
     self.num_envs = num_envs
-    self._initial = initial_state
-    self.state = tree.map_structure(
-        lambda x: np.repeat(np.asarray(x), num_envs, axis=0), initial_state)
     self.run_ids = np.full(num_envs, -1, np.int64)
-    self.prev_action = np.zeros(num_envs, np.int32)
     self.episode_return = np.zeros(num_envs, np.float64)
     self.episode_length = np.zeros(num_envs, np.int64)
-
-  def reset(self, env_ids: np.ndarray) -> None:
-    """Back to the initial recurrent state (start of an episode or a new actor run)."""
-    if env_ids.size == 0:
-      return
-    for leaf, init in zip(tree.flatten(self.state), tree.flatten(self._initial)):
-      leaf[env_ids] = init
-    self.prev_action[env_ids] = 0
-
-  def gather(self, env_ids: np.ndarray) -> Nest:
-    return tree.map_structure(lambda x: x[env_ids], self.state)
-
-  def scatter(self, env_ids: np.ndarray, state: Nest) -> None:
-    for leaf, new in zip(tree.flatten(self.state), tree.flatten(state)):
-      leaf[env_ids] = new
 
 
 class EpisodeLog:
@@ -102,25 +85,33 @@ class InferenceServer:
 
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
                trajectory_sink=None, max_batch_envs: int | None = None,
-               batch_timeout_s: float = 0.002, max_request_envs: int = 4096):
-    """Creates the server and starts its batching thread.
+               batch_timeout_s: float = 0.002, max_request_envs: int = 4096,
+               batch_capacity: int | None = None):
+    """Creates the server (no thread of its own: see `seedacme.batcher`).
 
     Args:
-      policy: the agent's batched policy.
+      policy: the agent's batched policy; it holds the state of `num_envs` envs.
       spec: the env spec every request is checked against.
       num_envs: global env ids are 0..num_envs-1 (actors' and evaluators').
       trajectory_sink: has `add(env_ids, step)` and `reset(env_ids)` (a
         `trajectories.SequenceAssembler`); None to serve without recording.
-      max_batch_envs: run the policy once this many envs are waiting (default: all).
-      batch_timeout_s: ... or once this long has passed since the batch's first request.
+      max_batch_envs: run the policy as soon as it is free and this many envs are
+        waiting (1: whatever is queued when the policy becomes free; default: all).
+      batch_timeout_s: ... or once the batch's first request has waited this long.
       max_request_envs: refuse requests with more envs than this (payload bound).
+      batch_capacity: the most envs one batch can hold, for the reported fill
+        (default `num_envs`: every env has at most one step in flight).
     """
+    if getattr(policy, 'num_envs', num_envs) < num_envs:
+      raise ValueError(f'the policy holds state for {policy.num_envs} envs; the server '
+                       f'serves {num_envs}')
     self._policy = policy
     self._spec = spec
     self._num_envs = num_envs
     self._sink = trajectory_sink
     self._max_request_envs = max_request_envs
-    self._table = EnvStateTable(num_envs, policy.initial_state(1))
+    self.batch_capacity = batch_capacity or num_envs
+    self._runs = EnvRuns(num_envs)
     self.episodes = EpisodeLog()
     self.env_steps = 0  # training env steps served
     self.eval_env_steps = 0
@@ -145,50 +136,58 @@ class InferenceServer:
       return {'shutting_down': str(e)}
 
   def _process(self, requests: Sequence[protocol.Request]) -> List[Any]:
-    """Runs on the batcher thread: one policy call for all accepted requests."""
+    """Runs on the batch's leader thread: one policy call for all accepted requests."""
     results: List[Any] = [None] * len(requests)
     accepted, seen = [], set()
     for i, r in enumerate(requests):
-      clash = seen.intersection(r.env_ids.tolist())
+      ids = r.env_ids.tolist()
+      clash = seen.intersection(ids)
       if clash:
         self.requests_refused += 1
         results[i] = protocol.InvalidRequestError(
             f'env_ids {sorted(clash)} already have a step in flight in this batch '
             '(two concurrent calls for the same env)')
         continue
-      seen.update(r.env_ids.tolist())
+      seen.update(ids)
       accepted.append(i)
     if not accepted:
       return results
 
     batch = [requests[i] for i in accepted]
-    env_ids = np.concatenate([r.env_ids for r in batch])
-    run_ids = np.concatenate([r.run_ids for r in batch])
-    step_type = np.concatenate([r.step_type for r in batch])
-    reward = np.concatenate([r.reward for r in batch])
-    discount = np.concatenate([r.discount for r in batch])
-    observation = np.concatenate([r.observation for r in batch])
-    greedy = np.concatenate([np.full(r.size, r.greedy) for r in batch])
-    self._reset_restarted_envs(env_ids, run_ids)
-    self._track_episodes(env_ids, step_type, reward)
+    if len(batch) == 1:
+      r = batch[0]
+      env_ids, run_ids, step_type, reward, discount, observation = (
+          r.env_ids, r.run_ids, r.step_type, r.reward, r.discount, r.observation)
+      greedy = np.full(r.size, r.greedy)
+    else:
+      env_ids = np.concatenate([r.env_ids for r in batch])
+      run_ids = np.concatenate([r.run_ids for r in batch])
+      step_type = np.concatenate([r.step_type for r in batch])
+      reward = np.concatenate([r.reward for r in batch])
+      discount = np.concatenate([r.discount for r in batch])
+      observation = np.concatenate([r.observation for r in batch])
+      greedy = np.concatenate([np.full(r.size, r.greedy) for r in batch])
+    restarted = self._note_restarts(env_ids, run_ids)
+    first = step_type == _FIRST
+    self._track_episodes(env_ids, first, reward)
 
-    state = self._table.gather(env_ids)
-    out = self._policy.step(observation, state, greedy, env_ids)
-    action = np.asarray(out.action, np.int32)
+    out = self._policy.step(env_ids, observation, first | restarted, greedy)
+    action = out.action
 
     train = ~greedy
     if self._sink is not None and train.any():
-      step = {'observation': observation[train], 'reward': reward[train],
-              'discount': discount[train], 'step_type': step_type[train],
-              'action': action[train],
-              'extras': {k: np.asarray(v)[train] for k, v in out.extras.items()},
-              'state': tree.map_structure(lambda x: x[train], state)}
-      self._sink.add(env_ids[train], step)
-    self._table.scatter(env_ids, out.state)
-    self._table.prev_action[env_ids] = action
+      every = train.all()
+      pick = (lambda x: x) if every else (lambda x: x[train])
+      step = {'observation': pick(observation), 'reward': pick(reward),
+              'discount': pick(discount), 'step_type': pick(step_type),
+              'action': pick(action),
+              'extras': {k: pick(v) for k, v in out.extras.items()},
+              'state': tree.map_structure(pick, out.state)}
+      self._sink.add(pick(env_ids), step)
     self._record_finished_episodes(env_ids, step_type, greedy)
-    self.env_steps += int(train.sum())
-    self.eval_env_steps += int((~train).sum())
+    trained = int(train.sum())
+    self.env_steps += trained
+    self.eval_env_steps += len(env_ids) - trained
 
     offset = 0
     for i, r in zip(accepted, batch):
@@ -196,44 +195,48 @@ class InferenceServer:
       offset += r.size
     return results
 
-  def _reset_restarted_envs(self, env_ids: np.ndarray, run_ids: np.ndarray) -> None:
-    """A changed run id means the actor restarted: fresh state, partial unroll dropped."""
-    table = self._table
-    changed = table.run_ids[env_ids] != run_ids
+  def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
+    """Bool mask of the envs whose run id changed (their actor restarted): their state
+    starts over and their partial trajectories are dropped."""
+    runs = self._runs
+    changed = runs.run_ids[env_ids] != run_ids
+    if not changed.any():
+      return changed
     restarted = env_ids[changed]
-    if not restarted.size:
-      return
-    known = restarted[table.run_ids[restarted] >= 0]
+    known = restarted[runs.run_ids[restarted] >= 0]
     if known.size:
       self.actor_restarts += 1
       logging.info('Run id changed for %d envs (actor restart): resetting their '
                    'state and dropping partial trajectories', known.size)
-    table.run_ids[restarted] = run_ids[changed]
-    table.reset(restarted)
-    table.episode_return[restarted] = 0
-    table.episode_length[restarted] = 0
+    runs.run_ids[restarted] = run_ids[changed]
+    runs.episode_return[restarted] = 0
+    runs.episode_length[restarted] = 0
     if self._sink is not None:
       self._sink.reset(restarted)
+    return changed
 
-  def _track_episodes(self, env_ids: np.ndarray, step_type: np.ndarray,
+  def _track_episodes(self, env_ids: np.ndarray, first: np.ndarray,
                       reward: np.ndarray) -> None:
-    """Episode starts reset the recurrent state; returns and lengths accumulate."""
-    table = self._table
-    first = step_type == _FIRST
-    table.reset(env_ids[first])
-    table.episode_return[env_ids[first]] = 0
-    table.episode_length[env_ids[first]] = 0
-    table.episode_return[env_ids[~first]] += reward[~first]
-    table.episode_length[env_ids[~first]] += 1
+    """Returns and lengths accumulate; an episode start zeroes them."""
+    runs = self._runs
+    runs.episode_return[env_ids] = np.where(first, 0.0,
+                                            runs.episode_return[env_ids] + reward)
+    runs.episode_length[env_ids] = np.where(first, 0, runs.episode_length[env_ids] + 1)
 
   def _record_finished_episodes(self, env_ids: np.ndarray, step_type: np.ndarray,
                                 greedy: np.ndarray) -> None:
     last = step_type == _LAST
+    if not last.any():
+      return
     for is_greedy in (False, True):
       ended = env_ids[last & (greedy == is_greedy)]
       if ended.size:
-        self.episodes.record(is_greedy, self._table.episode_return[ended],
-                             self._table.episode_length[ended])
+        self.episodes.record(is_greedy, self._runs.episode_return[ended],
+                             self._runs.episode_length[ended])
+
+  def state_of(self, env_ids) -> Any:
+    """The stored recurrent state of these envs (the policy's device table)."""
+    return self._policy.state_of(env_ids)
 
   def trajectory_stats(self) -> Dict[str, float]:
     """The trajectory sink's counters ({} when serving without recording)."""
@@ -244,6 +247,7 @@ class InferenceServer:
 
   @property
   def max_batch_envs(self) -> int:
+    """The policy runs once this many envs wait (or at the timeout)."""
     return self._batcher.max_batch_size
 
   def stop_intake(self) -> None:

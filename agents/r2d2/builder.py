@@ -71,10 +71,11 @@ class R2D2Builder(builder_lib.SeedBuilder):
       net(dummy, net.initial_state(1))  # Create the variables now.
     return nets
 
-  def make_policy(self, networks_: R2D2Networks, spec: EnvSpec,
-                  num_train_envs: int) -> acting.R2D2Policy:
+  def make_policy(self, networks_: R2D2Networks, spec: EnvSpec, num_train_envs: int,
+                  num_envs: int) -> acting.R2D2Policy:
     c = self.config
-    return acting.R2D2Policy(networks_.online, spec, num_train_envs, c.epsilon_base,
+    return acting.R2D2Policy(networks_.online, spec, num_train_envs, num_envs,
+                             c.epsilon_base,
                              c.epsilon_alpha, c.evaluation_epsilon, seed=c.seed)
 
   def _to_items(self, sequences: Nest) -> List[Tuple[float, Dict[str, Any]]]:

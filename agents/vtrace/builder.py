@@ -64,9 +64,10 @@ class VTraceBuilder(builder_lib.SeedBuilder):
     network(tf.constant(dummy), network.initial_state(1))  # Create the variables now.
     return network
 
-  def make_policy(self, networks_, spec: EnvSpec, num_train_envs: int) -> acting.VTracePolicy:
+  def make_policy(self, networks_, spec: EnvSpec, num_train_envs: int,
+                  num_envs: int) -> acting.VTracePolicy:
     del num_train_envs
-    return acting.VTracePolicy(networks_, spec, seed=self.config.seed)
+    return acting.VTracePolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   @staticmethod
   def _to_items(sequences: Nest) -> List[Tuple[float, Dict[str, Any]]]:

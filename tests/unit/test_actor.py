@@ -10,15 +10,12 @@ import pytest
 from seedacme import envs
 from seedacme.actor import EnvActor
 from seedacme.inference import InferenceServer
-from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.policy import PolicyStep, StatelessPolicy
 
 
-class _FirstActionPolicy(ServerPolicy):
+class _FirstActionPolicy(StatelessPolicy):
 
-  def initial_state(self, batch_size):
-    return ()
-
-  def step(self, observation, state, greedy, env_ids):
+  def act(self, observation, greedy, env_ids):
     return PolicyStep(np.zeros(len(observation), np.int32), {}, ())
 
 
@@ -42,7 +39,7 @@ class _Client:
 
 def _server(num_envs):
   spec = envs.env_spec_of(envs.make_factory('catch')(0))
-  return InferenceServer(_FirstActionPolicy(), spec, num_envs, None,
+  return InferenceServer(_FirstActionPolicy(num_envs), spec, num_envs, None,
                          max_batch_envs=num_envs, batch_timeout_s=0.0)
 
 
@@ -85,7 +82,7 @@ def test_evaluator_plays_rounds_on_a_schedule():
 
 
 def test_invalid_request_is_not_retried():
-  server = InferenceServer(_FirstActionPolicy(), envs.EnvSpec((3,), 'float32', 3), 4, None,
+  server = InferenceServer(_FirstActionPolicy(4), envs.EnvSpec((3,), 'float32', 3), 4, None,
                            max_batch_envs=4, batch_timeout_s=0.0)
 
   class _CourierLike(_Client):

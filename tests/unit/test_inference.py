@@ -20,17 +20,21 @@ class StepCountingPolicy(ServerPolicy):
   Greedy envs act `4 - action`, so tests can tell which mode served them.
   """
 
-  def __init__(self):
+  def __init__(self, num_envs=8):
+    self.num_envs = num_envs
     self.batch_sizes = []
+    self._count = np.zeros((num_envs, 1), np.int64)
 
-  def initial_state(self, batch_size):
-    return (np.zeros((batch_size, 1), np.int64),)
-
-  def step(self, observation, state, greedy, env_ids):
+  def step(self, env_ids, observation, reset, greedy):
     self.batch_sizes.append(len(observation))
-    count = state[0][:, 0]
+    self._count[env_ids[reset]] = 0
+    count = self._count[env_ids, 0].copy()
+    self._count[env_ids] += 1
     action = np.where(greedy, 4 - count % 5, count % 5).astype(np.int32)
-    return PolicyStep(action, {'count': count.copy()}, (state[0] + 1,))
+    return PolicyStep(action, {'count': count}, (count[:, None],))
+
+  def state_of(self, env_ids):
+    return (self._count[env_ids].copy(),)
 
 
 def _request(env_ids, run_id, step_type, greedy=False, reward=0.0, obs=0.0):
@@ -42,7 +46,7 @@ def _request(env_ids, run_id, step_type, greedy=False, reward=0.0, obs=0.0):
 def _server(num_envs=4, sink=None, **kwargs):
   kwargs.setdefault('max_batch_envs', 2)
   kwargs.setdefault('batch_timeout_s', 0.001)
-  return InferenceServer(StepCountingPolicy(), SPEC, num_envs, sink, **kwargs)
+  return InferenceServer(StepCountingPolicy(num_envs), SPEC, num_envs, sink, **kwargs)
 
 
 def test_state_is_kept_per_env_and_reset_on_first():
@@ -156,16 +160,16 @@ def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
 
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network='lstm', lstm_size=8))
   network = builder.make_networks(SPEC)
-  policy = builder.make_policy(network, SPEC, num_train_envs=4)
+  policy = builder.make_policy(network, SPEC, num_train_envs=4, num_envs=4)
   server = InferenceServer(policy, SPEC, 4, None, max_batch_envs=2, batch_timeout_s=0.001)
   try:
     server.step(_request([0, 1], 1, 0, obs=1.0))
-    state_after_one = [leaf.copy() for leaf in server._table.state]  # noqa: SLF001
+    state_after_one = server.state_of([0, 1, 2, 3])
     assert state_after_one[0].shape == (4, 8)
     assert np.abs(state_after_one[0][:2]).sum() > 0  # envs 0, 1 advanced
     assert np.abs(state_after_one[0][2:]).sum() == 0  # envs 2, 3 untouched
     server.step(_request([0], 1, 0, obs=1.0))  # env 0 restarts its episode
-    np.testing.assert_allclose(server._table.state[0][0], state_after_one[0][0], rtol=1e-5)  # noqa: SLF001
+    np.testing.assert_allclose(server.state_of([0])[0][0], state_after_one[0][0], rtol=1e-5)
   finally:
     server.close()
 

@@ -12,25 +12,22 @@ from launchpad.nodes.courier import courier_utils
 from seedacme import envs
 from seedacme.actor import SERVER_ERROR_MARKER
 from seedacme.inference import InferenceServer
-from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.policy import PolicyStep, StatelessPolicy
 from seedacme.protocol import make_request
 
 SPEC = envs.EnvSpec((3, 2), 'float32', 4)
 NUM_ENVS = 16
 
 
-class _ArgmaxObsPolicy(ServerPolicy):
-  def initial_state(self, batch_size):
-    return ()
-
-  def step(self, observation, state, greedy, env_ids):
+class _ArgmaxObsPolicy(StatelessPolicy):
+  def act(self, observation, greedy, env_ids):
     return PolicyStep(observation.reshape(len(observation), -1)[:, :4].argmax(-1)
                       .astype(np.int32), {}, ())
 
 
 class _Service:
   def __init__(self):
-    self.server = InferenceServer(_ArgmaxObsPolicy(), SPEC, NUM_ENVS, None,
+    self.server = InferenceServer(_ArgmaxObsPolicy(NUM_ENVS), SPEC, NUM_ENVS, None,
                                   max_batch_envs=8, batch_timeout_s=0.002,
                                   max_request_envs=8)
 

@@ -132,15 +132,17 @@ def test_server_applies_each_envs_epsilon():
   builder = r2d2.R2D2Builder(r2d2.R2D2Config(lstm_size=8, hidden_sizes=(8,)))
   nets = builder.make_networks(spec)
   # Env 0 explores with eps 0.9, env 1 never; env 2 is an evaluation env (greedy).
-  policy = acting.R2D2Policy(nets.online, spec, num_train_envs=2, epsilon_base=0.9,
-                             epsilon_alpha=1e9, evaluation_epsilon=0.0)
+  policy = acting.R2D2Policy(nets.online, spec, num_train_envs=2, num_envs=3,
+                             epsilon_base=0.9, epsilon_alpha=1e9, evaluation_epsilon=0.0)
   obs = np.ones((3, 3), np.float32)
   state = policy.initial_state(3)
   q, _ = nets.online(tf.constant(obs), state)
   best = np.argmax(q.numpy(), axis=-1)
   differs = np.zeros(3)
+  reset = np.ones(3, bool)  # every step from the initial state: the same Q each time
   for _ in range(200):
-    out = policy.step(obs, state, np.array([False, False, True]), np.array([0, 1, 2]))
+    out = policy.step(np.array([0, 1, 2]), obs, reset, np.array([False, False, True]))
+    np.testing.assert_allclose(out.extras['q'], q.numpy(), rtol=1e-5, atol=1e-6)
     differs += out.action != best
   assert differs[0] > 100  # eps 0.9 over 4 actions: ~68% non-greedy
   assert differs[1] == 0 and differs[2] == 0
