@@ -8,12 +8,18 @@ simulated actor) send requests of K envs in a closed loop with no env stepping, 
 service alone is measured. Servers, all with identical payloads both ways:
 
     echo      returns K zero actions at once: Courier transport + serialization only
-    batcher   seedacme's InferenceServer (validation, cross-actor batching, per-env
-              state table, episode tracking) with a policy that does no work
-    seed      the same InferenceServer with the V-trace policy network (XLA)
+    batcher   seedacme's InferenceServer (validation, cross-actor batching, episode
+              tracking) with a policy that does no work
+    seed      the same InferenceServer with the V-trace policy network: one compiled
+              batch step per batch, recurrent state on the device
 
-Per server: requests/s, env steps/s, client-side p50/p99 latency, mean batch fill; and
-each as a fraction of echo. Prints a table, writes bench/results/inference_service.json.
+`batcher` and `seed` run with the program's default batching (`ProgramConfig`: the
+policy runs whatever is queued as soon as it is free); `--batching` adds rows for other
+settings of the minimum batch, `lockstep` (wait for every client's request, 2 ms
+timeout) and `half` (half of the clients' envs). Per server: requests/s, env steps/s,
+client-side p50/p99 latency, mean batch fill (envs per batch / envs that could be in
+one); each as a fraction of echo. Prints a table, writes
+bench/results/inference_service.json.
 """
 
 import argparse
@@ -30,13 +36,26 @@ from harness import machine, print_table, write_json
 ENV_SHAPES = {'catch': ((10, 5), 'float32', 3), 'atari': ((84, 84, 4), 'uint8', 6)}
 
 
-def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop) -> None:
+BATCHING = ('free', 'lockstep', 'half')
+
+
+def _min_batch_envs(batching: str, num_envs: int) -> int | None:
+  """The server's `max_batch_envs` for a batching setting (None: the program default)."""
+  return {'free': None, 'lockstep': num_envs, 'half': max(1, num_envs // 2)}[batching]
+
+
+def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
+           batching: str = 'free', tf_threads: int = 0) -> None:
   """Server process: one Courier server until `stop` is set."""
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
   import seedacme  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
   shape, dtype, num_actions = ENV_SHAPES[env]
 
+  if tf_threads:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.threading.set_intra_op_parallelism_threads(tf_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(tf_threads)
   if kind == 'echo':
     class Echo:
       def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -62,7 +81,14 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop) -> None:
           return PolicyStep(np.zeros(b, np.int32), {'logits': np.zeros((b, num_actions),
                                                                        np.float32)}, ())
       policy = NoWork(num_envs)
-    server = InferenceServer(policy, spec, num_envs, None)
+    from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+    server = InferenceServer(
+        policy, spec, num_envs, None,
+        max_batch_envs=(_min_batch_envs(batching, num_envs)
+                        or ProgramConfig.inference_batch_envs),
+        batch_timeout_s=ProgramConfig.inference_timeout_ms / 1e3)
+    if hasattr(policy, 'warm_up'):
+      policy.warm_up(range(1, num_envs + 1))
 
     class Service:
       def step(self, request):
@@ -107,13 +133,16 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
   results.put(np.asarray(latencies))
 
 
-def measure(kind: str, env: str, clients: int, k: int, seconds: float) -> Dict[str, Any]:
+def measure(kind: str, env: str, clients: int, k: int, seconds: float,
+            batching: str = 'free', tf_threads: int = 0) -> Dict[str, Any]:
   import portpicker  # pylint: disable=g-import-not-at-top
   ctx = multiprocessing.get_context('spawn')
   port = portpicker.pick_unused_port()
   ready, stop, start = ctx.Event(), ctx.Event(), ctx.Event()
   results = ctx.Queue()
-  server = ctx.Process(target=_serve, args=(kind, env, clients * k, port, ready, stop))
+  server = ctx.Process(target=_serve,
+                       args=(kind, env, clients * k, port, ready, stop, batching,
+                             tf_threads))
   server.start()
   if not ready.wait(120):
     raise RuntimeError(f'{kind} server did not start')
@@ -136,7 +165,9 @@ def measure(kind: str, env: str, clients: int, k: int, seconds: float) -> Dict[s
     server.kill()
   all_lat = np.concatenate(latencies)
   requests = sum(len(x) for x in latencies)
-  return {'server': kind, 'env': env, 'clients': clients, 'K': k,
+  return {'server': kind, 'batching': '-' if kind == 'echo' else batching,
+          'tf_threads': tf_threads or 'default',
+          'env': env, 'clients': clients, 'K': k,
           'requests_per_s': requests / seconds, 'env_steps_per_s': requests * k / seconds,
           'p50_ms': float(np.percentile(all_lat, 50) * 1e3),
           'p99_ms': float(np.percentile(all_lat, 99) * 1e3), 'batch_fill': fill}
@@ -147,26 +178,40 @@ def main() -> int:
   parser.add_argument('--quick', action='store_true')
   parser.add_argument('--seconds', type=float, default=None)
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  parser.add_argument('--batching', default='',
+                      help=f'comma-separated extra batching rows: {", ".join(BATCHING[1:])}')
+  parser.add_argument('--tf_threads', default='',
+                      help='comma-separated TF intra/inter-op thread counts: extra seed rows')
   args = parser.parse_args()
   seconds = args.seconds or (3.0 if args.quick else 10.0)
+  threads = [int(t) for t in args.tf_threads.split(',') if t]
+  extra = [b for b in args.batching.split(',') if b]
+  unknown = sorted(set(extra) - set(BATCHING))
+  if unknown:
+    parser.error(f'unknown --batching {unknown}; choose from {BATCHING}')
   configs = [('catch', 2, 16)] if args.quick else [
-      ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16), ('atari', 2, 16),
-      ('atari', 2, 32)]
+      ('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16),
+      ('atari', 2, 16), ('atari', 2, 32)]
   rows = []
   for env, clients, k in configs:
     if args.only and env != args.only:
       continue
     echo = None
-    for kind in ('echo', 'batcher', 'seed'):
-      row = measure(kind, env, clients, k, seconds)
+    for kind, batching, n in [('echo', 'free', 0), ('batcher', 'free', 0),
+                              ('seed', 'free', 0)] + [
+        (kind, b, 0) for b in extra for kind in ('batcher', 'seed')] + [
+            ('seed', 'free', n) for n in threads]:
+      row = measure(kind, env, clients, k, seconds, batching, n)
       echo = echo or row
       row['of_echo'] = row['requests_per_s'] / echo['requests_per_s']
       rows.append(row)
-      print(f"inference_service: {env} {clients}x{k} {kind}: "
+      print(f"inference_service: {env} {clients}x{k} {kind} ({row['batching']}, "
+            f"TF threads {row['tf_threads']}): "
             f"{row['requests_per_s']:,.0f} req/s, p99 {row['p99_ms']:.2f} ms", flush=True)
   print()
-  print_table(rows, ['env', 'clients', 'K', 'server', 'requests_per_s', 'env_steps_per_s',
-                     'p50_ms', 'p99_ms', 'batch_fill', 'of_echo'])
+  print_table(rows, ['env', 'clients', 'K', 'server', 'batching', 'tf_threads',
+                     'requests_per_s',
+                     'env_steps_per_s', 'p50_ms', 'p99_ms', 'batch_fill', 'of_echo'])
   path = write_json('inference_service_quick.json' if args.quick
                     else 'inference_service.json',
                     {'machine': machine(), 'seconds': seconds, 'rows': rows})

@@ -48,7 +48,11 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--eval_interval_s', type=float, default=0.0,
                       help='evaluate --eval_episodes greedy episodes this often (0: always)')
   parser.add_argument('--eval_episodes', type=int, default=20)
-  parser.add_argument('--inference_timeout_ms', type=float, default=2.0)
+  parser.add_argument('--inference_batch_envs', type=int, default=0,
+                      help='the policy runs as soon as it is free and this many envs wait '
+                      '(1: whatever is queued; 0: the default of ProgramConfig)')
+  parser.add_argument('--inference_timeout_ms', type=float, default=2.0,
+                      help='... or once the first waiting request is this old')
   parser.add_argument('--logdir', default=None,
                       help='default: ./runs/<env>_<agent>_<time>')
   parser.add_argument('--seed', type=int, default=0)
@@ -230,9 +234,7 @@ def main(argv: List[str] | None = None) -> int:
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
       num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,
       eval_episodes=args.eval_episodes, inference_timeout_ms=args.inference_timeout_ms,
-      # Half-batch actors have K/2 envs waiting each: a full batch is half of every actor.
-      inference_batch_envs=(args.num_actors * max(1, args.envs_per_actor // 2)
-                            if args.env_engine == 'vector_async' else None),
+      inference_batch_envs=args.inference_batch_envs or None,
       max_seconds=args.max_seconds or None,
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,

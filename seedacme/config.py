@@ -14,9 +14,12 @@ class ProgramConfig:
     eval_interval_s: the evaluator plays `eval_episodes` episodes every this many
       seconds and idles in between (0: it plays continuously).
     eval_episodes: episodes per evaluation round.
-    inference_batch_envs: run the policy once this many envs wait (None: all
-      training envs, i.e. one request from every actor).
-    inference_timeout_ms: ... or this long after the first request of a batch.
+    inference_batch_envs: the policy runs as soon as it is free and this many envs
+      wait (1, the default: whatever is queued when the policy becomes free -- no
+      batch waits for a slow actor while the server idles; None: all training envs,
+      one request from every actor, i.e. lockstep). Measured in bench/acting.py and
+      bench/inference_service.py (README, "Benchmarks").
+    inference_timeout_ms: ... or once the first waiting request is this old.
     max_learner_steps, max_env_steps, max_seconds: budget; the program stops itself
       at the first one reached (None: unlimited).
     target_return: stop once the average return reaches this (None: never).
@@ -47,7 +50,7 @@ class ProgramConfig:
   num_eval_envs: int = 4
   eval_interval_s: float = 0.0
   eval_episodes: int = 20
-  inference_batch_envs: int | None = None
+  inference_batch_envs: int | None = 1
   inference_timeout_ms: float = 2.0
   max_learner_steps: int | None = None
   max_env_steps: int | None = None
