@@ -49,11 +49,30 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 
-def make_builder(agent: str, env: str, **overrides) -> SeedBuilder:
-  """The builder of `agent` configured for `env` (plus explicit overrides)."""
+# V-trace with few envs: a learner batch needs `batch_size` whole unrolls, so with two
+# envs a batch of 32 unrolls of 20 steps waits for 640 env steps, and the policy lag
+# grows with it. Below this many unrolls per training env the batch shrinks to
+# `_VTRACE_UNROLLS_PER_ENV * num_train_envs` (at least `_VTRACE_MIN_BATCH`). Measured
+# with `run_local catch vtrace 2 1` (README, "Benchmarks"): batch 32 had not learned
+# Catch in 90 s; batch 8 did.
+_VTRACE_UNROLLS_PER_ENV = 4
+_VTRACE_MIN_BATCH = 4
+
+
+def make_builder(agent: str, env: str, num_train_envs: int | None = None,
+                 **overrides) -> SeedBuilder:
+  """The builder of `agent` configured for `env` (plus explicit overrides).
+
+  `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
+  smaller learner batch when there are few envs); explicit overrides always win.
+  """
   if agent == 'vtrace':
     from seedacme.agents import vtrace  # pylint: disable=g-import-not-at-top
     kwargs = {**_VTRACE_DEFAULTS.get(env, {}), **overrides}
+    if num_train_envs is not None and 'batch_size' not in overrides:
+      default = kwargs.get('batch_size', vtrace.VTraceConfig.batch_size)
+      kwargs['batch_size'] = min(default, max(_VTRACE_MIN_BATCH,
+                                              _VTRACE_UNROLLS_PER_ENV * num_train_envs))
     return vtrace.VTraceBuilder(vtrace.VTraceConfig(**kwargs))
   if agent == 'r2d2':
     from seedacme.agents import r2d2  # pylint: disable=g-import-not-at-top

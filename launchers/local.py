@@ -226,6 +226,7 @@ def main(argv: List[str] | None = None) -> int:
     probe.close()
   try:
     builder = agents.make_builder(args.agent, args.env,
+                                  num_train_envs=args.num_actors * args.envs_per_actor,
                                   **parse_overrides(args.agent_config))
   except (TypeError, ValueError) as e:
     print(f'seedacme: bad --agent_config: {e}', file=sys.stderr)

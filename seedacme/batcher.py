@@ -152,6 +152,11 @@ class RequestBatcher(Generic[T, R]):
       self._busy = False
       self._cond.notify_all()  # results are in; a waiting full batch may lead now
 
+  def pending(self) -> int:
+    """Units (envs) in the batch being formed, not yet running."""
+    with self._cond:
+      return self._open_units
+
   def stats(self, reset: bool = False) -> BatcherStats:
     """Counters since the last reset."""
     with self._cond:

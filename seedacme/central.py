@@ -53,6 +53,12 @@ class CentralNode:
           policy, spec, config.num_envs, self._sink,
           max_batch_envs=config.inference_batch_envs or config.num_train_envs,
           batch_timeout_s=config.inference_timeout_ms / 1e3)
+      # Compile the batch sizes every run sees (one actor's request, all actors'
+      # requests together) before serving; other sizes compile on first use.
+      started = time.monotonic()
+      policy.warm_up([config.envs_per_actor, config.num_train_envs])
+      logging.info('Inference batch step compiled in %.1fs (device %s)',
+                   time.monotonic() - started, getattr(policy, 'device', 'host'))
     else:
       # Actors run their own policy copies and report what they did.
       self.server = ActingReports(config.envs_per_actor)

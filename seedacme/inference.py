@@ -242,6 +242,10 @@ class InferenceServer:
     """The trajectory sink's counters ({} when serving without recording)."""
     return self._sink.stats() if self._sink is not None else {}
 
+  def pending_envs(self) -> int:
+    """Envs whose requests wait for the next batch."""
+    return self._batcher.pending()
+
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     return self._batcher.stats(reset)
 

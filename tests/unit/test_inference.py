@@ -1,6 +1,7 @@
 """InferenceServer: server-side state per env, run-id resets, unrolls, per-caller errors."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -102,14 +103,15 @@ def test_episode_returns_and_greedy_envs_are_kept_apart():
 
 
 def test_bad_request_fails_only_its_caller_while_batch_is_served():
-  server = _server(num_envs=8, max_batch_envs=6, batch_timeout_s=0.2)
+  """Requests join one held-open batch in a fixed order, so the clash is certain."""
+  server = _server(num_envs=8, max_batch_envs=6, batch_timeout_s=10.0)
   results, errors = {}, {}
   requests = {
       'good_a': _request([0, 1], 1, 0),
-      'good_b': _request([2, 3], 2, 0),
       'bad_shape': make_request([4, 5], [3, 3], np.zeros((2, 3), np.float32), [0, 0],
                                 [1, 1], [0, 0]),
       'clash': _request([0, 6], 4, 0),  # env 0 is already in this batch
+      'good_b': _request([2, 3], 2, 0),  # fills the batch (6 envs): it runs
   }
 
   def call(name):
@@ -118,20 +120,43 @@ def test_bad_request_fails_only_its_caller_while_batch_is_served():
     except InvalidRequestError as e:
       errors[name] = str(e)
 
-  threads = [threading.Thread(target=call, args=(n,)) for n in requests]
+  threads = []
+  try:
+    for name, waiting in (('good_a', 2), ('bad_shape', 2), ('clash', 4), ('good_b', 0)):
+      threads.append(threading.Thread(target=call, args=(name,)))
+      threads[-1].start()
+      deadline = time.monotonic() + 5
+      while server.pending_envs() != waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+      if name == 'bad_shape':
+        threads[-1].join(5)  # refused at validation, before the batch
+      assert server.pending_envs() == waiting, name
+    for t in threads:
+      t.join(10)
+  finally:
+    server.close()
+  assert set(results) == {'good_a', 'good_b'} and set(errors) == {'bad_shape', 'clash'}
+  assert 'observation has shape (2, 3)' in errors['bad_shape']
+  assert 'env_ids [0] already have a step in flight' in errors['clash']
+  assert server.requests_refused == 2
+  assert server.batch_stats().batches == 1
+
+
+def test_batch_fill_counts_every_env_and_never_exceeds_one():
+  # 4 training envs and 2 evaluation envs in one batch: 6 of 6, not 6 of 4.
+  server = _server(num_envs=6, max_batch_envs=6, batch_timeout_s=10.0)
+  threads = [threading.Thread(target=server.step, args=(_request(ids, 1, 0, greedy=g),))
+             for ids, g in (([0, 1], False), ([2, 3], False), ([4, 5], True))]
   try:
     for t in threads:
       t.start()
     for t in threads:
       t.join(10)
+    stats = server.batch_stats()
   finally:
     server.close()
-  assert set(results) | set(errors) == set(requests)
-  assert 'good_a' in results and 'good_b' in results
-  assert 'observation has shape (2, 3)' in errors['bad_shape']
-  if 'clash' in errors:  # only when it landed in the same batch as good_a
-    assert 'already have a step in flight' in errors['clash']
-  assert server.requests_refused >= 1
+  assert stats.batches == 1 and stats.units == 6
+  assert stats.mean_batch_units / server.batch_capacity == 1.0
 
 
 def test_policy_runs_once_per_batch_across_callers():
