@@ -88,7 +88,7 @@ class FakeServer:
     self.latencies_s: List[float] = []
 
   def _reply(self, request) -> dict:
-    n = len(request['env_ids'])
+    n = request['ids'].shape[1]
     return {'action': self._rng.randint(self._num_actions, size=n).astype(np.int32)}
 
   def step(self, request) -> futures.Future:

@@ -59,7 +59,7 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
   if kind == 'echo':
     class Echo:
       def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        return {'action': np.zeros(len(request['env_ids']), np.int32)}
+        return {'action': np.zeros(request['ids'].shape[1], np.int32)}
 
       def stats(self) -> Dict[str, float]:
         return {'batch_fill': float('nan')}
@@ -120,7 +120,7 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
   request = protocol.make_request(ids, np.zeros(k, np.int64), obs, np.zeros(k), np.ones(k),
                                   step_type)
   client.step(request)  # FIRST step, and the connection is up
-  request['step_type'] = np.ones(k, np.int8)
+  request['transition'][2] = 1  # MID from now on
   for _ in range(20):
     client.step(request)
   start.wait()

@@ -13,7 +13,7 @@ from concurrent import futures
 import dm_env
 import numpy as np
 
-from seedacme import envs
+from seedacme import envs, protocol
 from seedacme.actor import EnvActor
 from seedacme.envs.batched import BatchedEnv
 
@@ -39,6 +39,7 @@ class _PlannedServer:
     self.max_in_flight = 0
 
   def step(self, request):
+    request = protocol.fields(request)  # by logical field: env_ids, reward, ...
     with self._lock:
       self.requests.append(request)
       self.in_flight += 1

@@ -54,15 +54,23 @@ def _good(env_ids, hot=1):
   return make_request(env_ids, np.full(k, 1), obs, np.zeros(k), np.ones(k), np.ones(k, np.int8))
 
 
+def _with(request, row, values):
+  """`request` with one row of its transition array (0 reward, 1 discount) replaced."""
+  transition = request['transition'].copy()
+  transition[row] = values
+  return {**request, 'transition': transition}
+
+
 BAD_REQUESTS = {
     'wrong shape': lambda: {**_good([8, 9]), 'observation': np.zeros((2, 2, 3), np.float32)},
     'wrong dtype': lambda: {**_good([8, 9]), 'observation': np.zeros((2, 3, 2), np.uint8)},
     'NaN': lambda: {**_good([8, 9]), 'observation': np.full((2, 3, 2), np.nan, np.float32)},
-    'inf reward': lambda: {**_good([8, 9]), 'reward': np.array([0.0, np.inf], np.float32)},
+    'inf reward': lambda: _with(_good([8, 9]), 0, [0.0, np.inf]),
     'unknown env id': lambda: _good([8, 99]),
     'duplicated env ids': lambda: _good([8, 8]),
-    'wrong batch length': lambda: {**_good([8, 9]), 'reward': np.zeros(3, np.float32)},
-    'huge payload': lambda: {**_good(list(range(8, 16))), 'env_ids': np.arange(2000),
+    'wrong batch length': lambda: {**_good([8, 9]), 'transition': np.zeros((3, 3), np.float32)},
+    'huge payload': lambda: {**_good(list(range(8, 16))),
+                             'ids': np.zeros((2, 2000), np.int64),
                              'observation': np.zeros((2000, 3, 2), np.float32)},
     'not a dict': lambda: [1, 2, 3],
 }
@@ -70,7 +78,7 @@ EXPECTED = {
     'wrong shape': 'observation has shape (2, 2, 3)', 'wrong dtype': 'dtype uint8',
     'NaN': 'NaN or inf', 'inf reward': 'reward contains NaN or inf',
     'unknown env id': 'env_ids [99] are unknown', 'duplicated env ids': 'duplicated',
-    'wrong batch length': 'reward must have shape (2,)', 'huge payload': 'at most 8',
+    'wrong batch length': 'transition must have shape (3, 2)', 'huge payload': 'at most 8',
     'not a dict': 'request must be a dict',
 }
 

@@ -9,10 +9,13 @@ from seedacme.protocol import InvalidRequestError, make_request, validate_reques
 SPEC = EnvSpec(observation_shape=(3, 2), observation_dtype='float32', num_actions=3)
 
 
-def _good(k=4, first=0):
-  return make_request(np.arange(first, first + k), np.full(k, 7),
-                      np.zeros((k, 3, 2), np.float32), np.zeros(k), np.ones(k),
-                      np.ones(k, np.int8))
+def _good(k=4, first=0, **fields):
+  """A good request, with any logical field replaced (env_ids, reward, ...)."""
+  parts = dict(env_ids=np.arange(first, first + k), run_ids=np.full(k, 7),
+               observation=np.zeros((k, 3, 2), np.float32), reward=np.zeros(k),
+               discount=np.ones(k), step_type=np.ones(k, np.int8))
+  parts.update(fields)
+  return make_request(**parts)
 
 
 def _check(request, pattern):
@@ -23,41 +26,54 @@ def _check(request, pattern):
 def test_good_request_is_canonicalised():
   r = validate_request(_good(), SPEC, num_envs=8, max_request_envs=6)
   assert r.size == 4 and r.env_ids.dtype == np.int64 and r.step_type.dtype == np.int8
+  np.testing.assert_array_equal(r.env_ids, np.arange(4))
+  np.testing.assert_array_equal(r.run_ids, np.full(4, 7))
+  np.testing.assert_array_equal(r.step_type, np.ones(4))
   assert not r.greedy
 
 
-@pytest.mark.parametrize('mutate,pattern', [
-    (lambda r: r.update(observation=np.zeros((4, 2, 3), np.float32)), r'observation has shape \(4, 2, 3\)'),
-    (lambda r: r.update(observation=np.zeros((4, 3, 2), np.float64)), 'observation has dtype float64'),
-    (lambda r: r.update(observation=np.zeros((3, 3, 2), np.float32)), r'expected \(4, 3, 2\)'),
-    (lambda r: r['observation'].__setitem__((2, 0, 0), np.nan), r'NaN or inf for envs \[2\]'),
-    (lambda r: r.update(observation=[[0.0]]), 'observation must be a numpy array'),
-    (lambda r: r.update(env_ids=np.array([0, 1, 1, 2])), r'duplicated within the request: \[1\]'),
-    (lambda r: r.update(env_ids=np.array([0, 1, 2, 9])), r'env_ids \[9\] are unknown'),
-    (lambda r: r.update(env_ids=np.array([0, 1, 2, -1])), r'env_ids \[-1\] are unknown'),
-    (lambda r: r.update(env_ids=np.array([0.0, 1, 2, 3])), 'env_ids must be integers'),
-    (lambda r: r.update(run_ids=np.array([1, 2])), r'run_ids must have shape \(4,\)'),
-    (lambda r: r.update(reward=np.array([0, np.inf, 0, 0])), 'reward contains NaN or inf'),
-    (lambda r: r.update(reward=np.zeros(5)), r'reward must have shape \(4,\)'),
-    (lambda r: r.update(discount=np.array([1, 2, 1, 1.0])), r'discount must lie in \[0, 1\]'),
-    (lambda r: r.update(step_type=np.array([0, 1, 5, 2])), 'step_type values must be 0'),
-    (lambda r: r.pop('reward'), r"missing fields \['reward'\]"),
-    (lambda r: r.update(extra=1), r"unknown fields \['extra'\]"),
-    (lambda r: r.update(greedy='yes'), 'greedy must be a bool'),
+def test_run_ids_keep_all_63_bits():
+  big = (1 << 62) + 12345
+  r = validate_request(_good(run_ids=np.full(4, big)), SPEC, num_envs=8, max_request_envs=6)
+  assert r.run_ids.tolist() == [big] * 4
+
+
+def _nan_obs():
+  obs = np.zeros((4, 3, 2), np.float32)
+  obs[2, 0, 0] = np.nan
+  return obs
+
+
+@pytest.mark.parametrize('request_fn,pattern', [
+    (lambda: _good(observation=np.zeros((4, 2, 3), np.float32)), r'observation has shape \(4, 2, 3\)'),
+    (lambda: _good(observation=np.zeros((4, 3, 2), np.float64)), 'observation has dtype float64'),
+    (lambda: _good(observation=np.zeros((3, 3, 2), np.float32)), r'expected \(4, 3, 2\)'),
+    (lambda: _good(observation=_nan_obs()), r'NaN or inf for envs \[2\]'),
+    (lambda: {**_good(), 'observation': [[0.0]]}, 'observation must be a numpy array'),
+    (lambda: _good(env_ids=np.array([0, 1, 1, 2])), r'duplicated within the request: \[1\]'),
+    (lambda: _good(env_ids=np.array([0, 1, 2, 9])), r'env_ids \[9\] are unknown'),
+    (lambda: _good(env_ids=np.array([0, 1, 2, -1])), r'env_ids \[-1\] are unknown'),
+    (lambda: {**_good(), 'ids': np.zeros((2, 4))}, 'ids must be integers'),
+    (lambda: {**_good(), 'ids': np.zeros((3, 4), np.int64)}, r'ids must have shape \(2, K\)'),
+    (lambda: {**_good(), 'ids': [[0, 1], [2, 3]]}, 'ids must be a numpy array'),
+    (lambda: _good(reward=np.array([0, np.inf, 0, 0])), r'reward contains NaN or inf at positions \[1\]'),
+    (lambda: _good(discount=np.array([1, np.nan, 1, 1])), 'discount contains NaN or inf'),
+    (lambda: {**_good(), 'transition': np.zeros((3, 5), np.float32)}, r'transition must have shape \(3, 4\)'),
+    (lambda: {**_good(), 'transition': np.zeros((3, 4), bool)}, 'transition must be numeric'),
+    (lambda: _good(discount=np.array([1, 2, 1, 1.0])), r'discount must lie in \[0, 1\]'),
+    (lambda: _good(step_type=np.array([0, 1, 5, 2])), 'step_type values must be 0'),
+    (lambda: _good(step_type=np.array([0, 1, 0.5, 2])), 'step_type values must be 0'),
+    (lambda: {k: v for k, v in _good().items() if k != 'transition'}, r"missing fields \['transition'\]"),
+    (lambda: {**_good(), 'extra': 1}, r"unknown fields \['extra'\]"),
+    (lambda: {**_good(), 'greedy': 'yes'}, 'greedy must be a bool'),
 ])
-def test_malformed_requests_are_named(mutate, pattern):
-  request = _good()
-  mutate(request)
-  _check(request, pattern)
+def test_malformed_requests_are_named(request_fn, pattern):
+  _check(request_fn(), pattern)
 
 
 def test_oversized_and_empty_requests():
   _check(_good(k=7), 'at most 6 are allowed')
-  empty = _good()
-  for key in ('env_ids', 'run_ids', 'reward', 'discount', 'step_type'):
-    empty[key] = empty[key][:0]
-  empty['observation'] = empty['observation'][:0]
-  _check(empty, 'no envs')
+  _check(_good(k=0), 'no envs')
 
 
 def test_not_a_dict():
