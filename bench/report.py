@@ -5,6 +5,11 @@
                                                 # what the README shows (bench/benchmarks.png,
                                                 # bench/published/)
 
+    .venv/bin/python bench/report.py --before DIR
+                                                # also before/after tables against the
+                                                # JSONs in DIR (e.g. bench/published/, or
+                                                # an older checkout's bench/results/)
+
 Reads acting.json, inference_service.json and time_to_solve.json (whichever exist).
 """
 
@@ -53,23 +58,64 @@ def acting_table(data: Dict[str, Any]) -> str:
 
 
 def service_table(data: Dict[str, Any]) -> str:
-  rows = [[r['env'], str(r['clients']), str(r['K']), r['server'], _fmt(r['requests_per_s']),
+  rows = [[r['env'], str(r['clients']), str(r['K']), r['server'], r.get('batching', '–'),
+           str(r.get('tf_threads', 'default')), _fmt(r['requests_per_s']),
            _fmt(r['env_steps_per_s']), _fmt(r['p50_ms'], 2), _fmt(r['p99_ms'], 2),
            _fmt(r['batch_fill'], 2), _fmt(100 * r['of_echo']) + ' %'] for r in data['rows']]
-  return _table(['payload', 'clients', 'K', 'server', 'requests/s', 'env steps/s',
-                 'p50 ms', 'p99 ms', 'batch fill', 'of echo'], rows)
+  return _table(['payload', 'clients', 'K', 'server', 'batching', 'TF threads',
+                 'requests/s', 'env steps/s', 'p50 ms', 'p99 ms', 'batch fill', 'of echo'],
+                rows)
+
+
+def _default_rows(data: Dict[str, Any]) -> Dict[tuple, Dict[str, Any]]:
+  """Service rows at the program's default settings, by (env, clients, K, server)."""
+  return {(r['env'], r['clients'], r['K'], r['server']): r for r in data['rows']
+          if r.get('batching', 'free') in ('free', '-') and
+          r.get('tf_threads', 'default') == 'default'}
+
+
+def service_before_after(before: Dict[str, Any], after: Dict[str, Any]) -> str:
+  old, new = _default_rows(before), _default_rows(after)
+  rows = []
+  for key in [k for k in new if k in old and k[3] != 'echo']:
+    b, a = old[key], new[key]
+    rows.append([key[0], str(key[1]), str(key[2]), key[3], _fmt(b['requests_per_s']),
+                 _fmt(a['requests_per_s']), _fmt(a['requests_per_s'] / b['requests_per_s'], 2)
+                 + '×', _fmt(100 * b['of_echo']) + ' %', _fmt(100 * a['of_echo']) + ' %',
+                 _fmt(b['p99_ms'], 2), _fmt(a['p99_ms'], 2)])
+  return _table(['payload', 'clients', 'K', 'server', 'req/s before', 'req/s after',
+                 'after / before', 'of echo before', 'of echo after', 'p99 ms before',
+                 'p99 ms after'], rows)
+
+
+def acting_before_after(before: Dict[str, Any], after: Dict[str, Any]) -> str:
+  key = lambda r: (r['env'], r['actors'], r['K'])  # noqa: E731
+  old = {key(r): r for r in before['rows']}
+  rows = []
+  for r in after['rows']:
+    b = old.get(key(r))
+    if b is None:
+      continue
+    rows.append([r['env'], str(r['actors']), str(r['K']), _fmt(b['central_per_s']),
+                 _fmt(r['central_per_s']), _fmt(r['central_per_s'] / b['central_per_s'], 2)
+                 + '×', _fmt(b['central_vs_actor'], 2) + '×',
+                 _fmt(r['central_vs_actor'], 2) + '×'])
+  return _table(['env', 'actors', 'K', 'central before', 'central after', 'after / before',
+                 'central / actor-side before', 'central / actor-side after'], rows)
 
 
 def solve_table(data: Dict[str, Any]) -> str:
   rows = []
   for r in data['rows']:
-    rows.append([r['env'], r['agent'], r['inference'],
+    rows.append([r['env'], r['agent'], f"2 × {r.get('K', 16)}",
+                 r.get('target_on', 'eval'), r['inference'],
                  _fmt(r['time_to_target_s']) + ' s' if r['solved'] else 'not reached',
                  _fmt(r['env_steps']), _fmt(r['startup_to_first_learner_step_s']) + ' s',
                  _fmt(r['actor_rss_mb']), _fmt(r['evaluator_rss_mb']),
                  _fmt(r['learner_rss_mb']), _fmt(r['replay_rss_mb']),
                  _fmt(r['program_peak_rss_mb'])])
-  return _table(['env', 'agent', 'inference', 'time to target', 'env steps',
+  return _table(['env', 'agent', 'actors × K', 'target on', 'inference', 'time to target',
+                 'env steps',
                  'launch → 1st learner step', 'actor MB', 'evaluator MB', 'learner MB',
                  'replay MB', 'program MB'], rows)
 
@@ -103,20 +149,21 @@ def figure(acting: Dict[str, Any] | None, solve: Dict[str, Any] | None) -> str |
   if solve:
     ax = axes[0][ax_i]
     rows = solve['rows']
-    runs = sorted({(r['env'], r['agent']) for r in rows})
+    runs = sorted({(r['env'], r['agent'], r.get('K', 16)) for r in rows})
     x = range(len(runs))
     width = 0.38
     for offset, mode in ((-width / 2, 'central'), (width / 2, 'actor')):
       values = []
-      for env, agent in runs:
-        match = [r for r in rows if (r['env'], r['agent'], r['inference']) == (env, agent, mode)]
+      for env, agent, k in runs:
+        match = [r for r in rows if (r['env'], r['agent'], r.get('K', 16), r['inference']) ==
+                 (env, agent, k, mode)]
         values.append(match[0]['time_to_target_s'] or 0 if match else 0)
       ax.bar([i + offset for i in x], values, width,
              label='central (SEED)' if mode == 'central' else 'actor-side (Acme)')
     ax.set_xticks(list(x))
-    ax.set_xticklabels([f'{e}\n{a}' for e, a in runs], fontsize=8)
+    ax.set_xticklabels([f'{e}\n{a} 2×{k}' for e, a, k in runs], fontsize=8)
     ax.set_ylabel('seconds to target (0: not reached)')
-    ax.set_title('Time to solve (2 actors × 16 envs)')
+    ax.set_title('Time to solve (2 actors × K envs)')
     ax.legend(fontsize=8)
   fig.tight_layout()
   path = os.path.join(RESULTS, 'benchmarks.png')
@@ -138,6 +185,14 @@ def main() -> int:
     print('### Inference service vs Courier echo\n\n' + service_table(service) + '\n')
   if solve:
     print('### Time to solve, startup, memory\n\n' + solve_table(solve) + '\n')
+  if '--before' in sys.argv[1:]:
+    before_dir = sys.argv[sys.argv.index('--before') + 1]
+    for name, data, table in (('inference_service.json', service, service_before_after),
+                              ('acting.json', acting, acting_before_after)):
+      path = os.path.join(before_dir, name)
+      if data and os.path.exists(path):
+        with open(path) as f:
+          print(f'### Before ({path}) / after: {name}\n\n' + table(json.load(f), data) + '\n')
   path = figure(acting, solve)
   if path:
     print(f'Figure: {path}')

@@ -6,7 +6,9 @@
 
 Every run is a full training program (`run_local <env> <agent> 2`, 16 envs per actor,
 a greedy evaluator) that stops itself once the evaluator's average return over its last
-20 episodes reaches the target (Catch 0.9, CartPole 475) or at the time cap. Reported
+20 episodes reaches the target (Catch 0.9, CartPole 475) or at the time cap. One more
+row is Acme's usual setting, one env per actor (`run_local catch vtrace 2 1`, the
+agent's defaults for that size), stopped on the training average (last 100 episodes). Reported
 per run: seconds to the target on the program's clock, env steps used, startup (launch
 to the first learner step, wall clock, 1 s resolution), peak RSS per node type and of
 the whole program. Prints a table, writes bench/results/time_to_solve[_quick].json.
@@ -26,22 +28,33 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
   parser.add_argument('--only', default=None, help='e.g. catch, cartpole, r2d2, vtrace')
+  parser.add_argument('--modes', default='central,actor',
+                      help='inference modes to run, comma-separated')
+  parser.add_argument('--envs_per_actor', type=int, default=None,
+                      help='only the runs with this K')
   args = parser.parse_args()
-  runs = [('catch', 'vtrace')] if args.quick else [
-      ('catch', 'vtrace'), ('catch', 'r2d2'), ('cartpole', 'vtrace'), ('cartpole', 'r2d2')]
+  # (env, agent, envs per actor, what the target watches)
+  runs = [('catch', 'vtrace', 16, 'eval')] if args.quick else [
+      ('catch', 'vtrace', 16, 'eval'), ('catch', 'vtrace', 1, 'train'),
+      ('catch', 'r2d2', 16, 'eval'), ('cartpole', 'vtrace', 16, 'eval'),
+      ('cartpole', 'r2d2', 16, 'eval')]
   rows = []
-  for env, agent in runs:
+  for env, agent, k, target_on in runs:
     if args.only and args.only not in (env, agent):
       continue
+    if args.envs_per_actor and k != args.envs_per_actor:
+      continue
     cap = 90.0 if args.quick else CAPS_S[env]
-    for mode in ('central', 'actor'):
-      run = ProgramRun([env, agent, '2', '16', '--inference', mode,
-                        '--target_return', str(TARGETS[env]), '--target_on', 'eval',
-                        '--max_seconds', str(cap)], f'{env}_{agent}_{mode}')
+    for mode in args.modes.split(','):
+      run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
+                        '--target_return', str(TARGETS[env]), '--target_on', target_on,
+                        '--max_seconds', str(cap)], f'{env}_{agent}_{k}_{mode}')
       result = run.run(timeout_s=cap + 150)
       summary = result['summary']
       solved = 'target' in str(summary.get('stopped_because', ''))
       row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
+             'K': k, 'target_on': target_on,
+             'train_return': summary.get('average_return'),
              'solved': solved,
              'time_to_target_s': summary.get('elapsed_s') if solved else None,
              'env_steps': summary.get('env_steps'),
@@ -59,7 +72,8 @@ def main() -> int:
             f"({summary.get('stopped_because')}); startup {run.first_learner_step_s}s; "
             f"logdir {run.logdir}", flush=True)
   print()
-  print_table(rows, ['env', 'agent', 'inference', 'time_to_target_s', 'env_steps',
+  print_table(rows, ['env', 'agent', 'K', 'target_on', 'inference', 'time_to_target_s',
+                     'env_steps',
                      'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
                      'replay_rss_mb', 'program_peak_rss_mb'])
   path = write_json('time_to_solve_quick.json' if args.quick else 'time_to_solve.json',
