@@ -39,10 +39,14 @@ def main() -> int:
   parser.add_argument('--seconds', type=float, default=None,
                       help='program budget per run (default 35; quick 15)')
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  parser.add_argument('--configs', default=None,
+                      help="e.g. 'catch:2:1,atari:2:16' (default: all of configs())")
   args = parser.parse_args()
   seconds = args.seconds or (15.0 if args.quick else 35.0)
   rows = []
-  for env, actors, k in configs(args.quick):
+  chosen = configs(args.quick) if not args.configs else [
+      (e, int(a), int(k)) for e, a, k in (c.split(':') for c in args.configs.split(','))]
+  for env, actors, k in chosen:
     if args.only and env != args.only:
       continue
     engine = ENGINES[env]

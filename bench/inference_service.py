@@ -44,10 +44,15 @@ def _min_batch_envs(batching: str, num_envs: int) -> int | None:
   return {'free': None, 'lockstep': num_envs, 'half': max(1, num_envs // 2)}[batching]
 
 
+XLA_SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false'
+
+
 def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
-           batching: str = 'free', tf_threads: int = 0) -> None:
+           batching: str = 'free', tf_threads: int = 0, xla_flags: str = '') -> None:
   """Server process: one Courier server until `stop` is set."""
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+  if xla_flags:
+    os.environ['XLA_FLAGS'] = xla_flags  # before TensorFlow is imported
   import seedacme  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
   shape, dtype, num_actions = ENV_SHAPES[env]
@@ -134,7 +139,8 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
 
 
 def measure(kind: str, env: str, clients: int, k: int, seconds: float,
-            batching: str = 'free', tf_threads: int = 0) -> Dict[str, Any]:
+            batching: str = 'free', tf_threads: int = 0,
+            xla_flags: str = '') -> Dict[str, Any]:
   import portpicker  # pylint: disable=g-import-not-at-top
   ctx = multiprocessing.get_context('spawn')
   port = portpicker.pick_unused_port()
@@ -142,7 +148,7 @@ def measure(kind: str, env: str, clients: int, k: int, seconds: float,
   results = ctx.Queue()
   server = ctx.Process(target=_serve,
                        args=(kind, env, clients * k, port, ready, stop, batching,
-                             tf_threads))
+                             tf_threads, xla_flags))
   server.start()
   if not ready.wait(120):
     raise RuntimeError(f'{kind} server did not start')
@@ -166,7 +172,7 @@ def measure(kind: str, env: str, clients: int, k: int, seconds: float,
   all_lat = np.concatenate(latencies)
   requests = sum(len(x) for x in latencies)
   return {'server': kind, 'batching': '-' if kind == 'echo' else batching,
-          'tf_threads': tf_threads or 'default',
+          'tf_threads': tf_threads or 'default', 'xla_flags': xla_flags,
           'env': env, 'clients': clients, 'K': k,
           'requests_per_s': requests / seconds, 'env_steps_per_s': requests * k / seconds,
           'p50_ms': float(np.percentile(all_lat, 50) * 1e3),
@@ -182,6 +188,8 @@ def main() -> int:
                       help=f'comma-separated extra batching rows: {", ".join(BATCHING[1:])}')
   parser.add_argument('--tf_threads', default='',
                       help='comma-separated TF intra/inter-op thread counts: extra seed rows')
+  parser.add_argument('--xla_single_thread', action='store_true',
+                      help=f'an extra seed row with XLA_FLAGS={XLA_SINGLE_THREAD}')
   args = parser.parse_args()
   seconds = args.seconds or (3.0 if args.quick else 10.0)
   threads = [int(t) for t in args.tf_threads.split(',') if t]
@@ -197,19 +205,22 @@ def main() -> int:
     if args.only and env != args.only:
       continue
     echo = None
-    for kind, batching, n in [('echo', 'free', 0), ('batcher', 'free', 0),
-                              ('seed', 'free', 0)] + [
-        (kind, b, 0) for b in extra for kind in ('batcher', 'seed')] + [
-            ('seed', 'free', n) for n in threads]:
-      row = measure(kind, env, clients, k, seconds, batching, n)
+    variants = [('echo', 'free', 0, ''), ('batcher', 'free', 0, ''), ('seed', 'free', 0, '')]
+    if env == 'catch':  # the IMPALA ResNet's forward pass sets Atari's pace either way
+      variants += [(kind, b, 0, '') for b in extra for kind in ('batcher', 'seed')]
+      variants += [('seed', 'free', n, '') for n in threads]
+      if args.xla_single_thread:
+        variants.append(('seed', 'free', 0, XLA_SINGLE_THREAD))
+    for kind, batching, n, xla_flags in variants:
+      row = measure(kind, env, clients, k, seconds, batching, n, xla_flags)
       echo = echo or row
       row['of_echo'] = row['requests_per_s'] / echo['requests_per_s']
       rows.append(row)
       print(f"inference_service: {env} {clients}x{k} {kind} ({row['batching']}, "
-            f"TF threads {row['tf_threads']}): "
+            f"TF threads {row['tf_threads']}{', ' + xla_flags if xla_flags else ''}): "
             f"{row['requests_per_s']:,.0f} req/s, p99 {row['p99_ms']:.2f} ms", flush=True)
   print()
-  print_table(rows, ['env', 'clients', 'K', 'server', 'batching', 'tf_threads',
+  print_table(rows, ['env', 'clients', 'K', 'server', 'batching', 'tf_threads', 'xla_flags',
                      'requests_per_s',
                      'env_steps_per_s', 'p50_ms', 'p99_ms', 'batch_fill', 'of_echo'])
   path = write_json('inference_service_quick.json' if args.quick

@@ -59,7 +59,8 @@ def acting_table(data: Dict[str, Any]) -> str:
 
 def service_table(data: Dict[str, Any]) -> str:
   rows = [[r['env'], str(r['clients']), str(r['K']), r['server'], r.get('batching', '–'),
-           str(r.get('tf_threads', 'default')), _fmt(r['requests_per_s']),
+           str(r.get('tf_threads', 'default')) + (' (XLA 1 thread)' if r.get('xla_flags')
+                                                  else ''), _fmt(r['requests_per_s']),
            _fmt(r['env_steps_per_s']), _fmt(r['p50_ms'], 2), _fmt(r['p99_ms'], 2),
            _fmt(r['batch_fill'], 2), _fmt(100 * r['of_echo']) + ' %'] for r in data['rows']]
   return _table(['payload', 'clients', 'K', 'server', 'batching', 'TF threads',
@@ -71,7 +72,7 @@ def _default_rows(data: Dict[str, Any]) -> Dict[tuple, Dict[str, Any]]:
   """Service rows at the program's default settings, by (env, clients, K, server)."""
   return {(r['env'], r['clients'], r['K'], r['server']): r for r in data['rows']
           if r.get('batching', 'free') in ('free', '-') and
-          r.get('tf_threads', 'default') == 'default'}
+          r.get('tf_threads', 'default') == 'default' and not r.get('xla_flags')}
 
 
 def service_before_after(before: Dict[str, Any], after: Dict[str, Any]) -> str:

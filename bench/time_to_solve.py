@@ -32,12 +32,23 @@ def main() -> int:
                       help='inference modes to run, comma-separated')
   parser.add_argument('--envs_per_actor', type=int, default=None,
                       help='only the runs with this K')
+  parser.add_argument('--runs', default=None,
+                      help="instead of the default list, e.g. 'catch:vtrace:1:train,"
+                      "cartpole:r2d2:16:eval:central' (env:agent:K:target_on[:modes+])")
   args = parser.parse_args()
   # (env, agent, envs per actor, what the target watches)
   runs = [('catch', 'vtrace', 16, 'eval')] if args.quick else [
       ('catch', 'vtrace', 16, 'eval'), ('catch', 'vtrace', 1, 'train'),
       ('catch', 'r2d2', 16, 'eval'), ('cartpole', 'vtrace', 16, 'eval'),
       ('cartpole', 'r2d2', 16, 'eval')]
+  modes = {}
+  if args.runs:
+    runs = []
+    for spec in args.runs.split(','):
+      env, agent, k, target_on, *only = spec.split(':')
+      runs.append((env, agent, int(k), target_on))
+      if only:
+        modes[runs[-1]] = only[0].split('+')
   rows = []
   for env, agent, k, target_on in runs:
     if args.only and args.only not in (env, agent):
@@ -45,7 +56,7 @@ def main() -> int:
     if args.envs_per_actor and k != args.envs_per_actor:
       continue
     cap = 90.0 if args.quick else CAPS_S[env]
-    for mode in args.modes.split(','):
+    for mode in modes.get((env, agent, k, target_on), args.modes.split(',')):
       run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
                         '--target_return', str(TARGETS[env]), '--target_on', target_on,
                         '--max_seconds', str(cap)], f'{env}_{agent}_{k}_{mode}')
