@@ -174,6 +174,7 @@ class EnvActor:
                  self._actor_id, len(self.env_ids), self.env_ids[0], self.env_ids[-1],
                  self._envs.batch_size, self.run_id)
     run_ids = np.full(len(self.env_ids), self.run_id, np.int64)
+    started = time.monotonic()
     batch = self._envs.recv()
     last_count = last_log = time.monotonic()
     steps_unreported = episodes_unreported = 0
@@ -200,6 +201,10 @@ class EnvActor:
         if self._stop.wait(1.0):
           break
         continue
+      if self.steps == 0:
+        # Start-up diagnostics (and what tests wait for before killing an actor).
+        logging.info('%s %d: first answer from the inference server after %.1fs', kind,
+                     self._actor_id, time.monotonic() - started)
       self._envs.send(reply['action'])
       batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
       finished = batch.finished

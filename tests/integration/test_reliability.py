@@ -42,6 +42,10 @@ def test_killed_actor_is_restarted_and_learning_continues(tmp_path):
   try:
     assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
         run.output[-3000:]
+    # The server must know this actor's run id before the kill, or the new one is not
+    # a change (a slow start can keep one actor waiting while the others are served).
+    assert _wait_for(lambda: 'first answer from the inference server' in
+                     run.node_log('actor/0'), 60, run), run.output[-3000:]
     victim = _supervised_child(run, 'actor/0')
     os.kill(victim, signal.SIGKILL)
     code = run.wait(300)
