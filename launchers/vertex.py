@@ -116,7 +116,6 @@ def group_hardware(args: argparse.Namespace, replay_gb: int) -> Dict[str, Hardwa
       'replay': Hardware(args.replay_cpu, args.replay_memory_gb or replay_gb),
       'actor': actor,
       'evaluator': actor,
-      'counter': actor,
   }
 
 

@@ -1,12 +1,14 @@
 """Keeps a node's work alive: runs it in a child process and restarts it when it dies.
 
 Launchpad's local launcher treats any node process that dies as a failure of the whole
-program. Users run for days on preemptible machines, so seedacme's actor and central
-nodes are *supervisors*: the Launchpad node process starts the real work in a child
+program. Users run for days on preemptible machines, so seedacme's actor, evaluator,
+central and replay nodes are *supervisors*: the Launchpad node process starts the real work in a child
 process (`python -m seedacme.supervisor`, the target and its arguments pickled on
 stdin) and starts a new child when one dies -- `kill -9` included. A new actor child
 draws a new run id, so the server resets its envs; a new central child restores the
-latest checkpoint and binds the same Courier port, and actors reconnect.
+latest checkpoint and binds the same Courier port, and actors reconnect; a new replay
+child serves the same port and loads the latest Reverb checkpoint, if its node makes
+them (`serve_replay`), and the central node's writers and dataset reconnect.
 
 On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
 little, then kills it: nothing is left behind.
@@ -15,6 +17,7 @@ little, then kills it: nothing is left behind.
 import atexit
 import faulthandler
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +127,46 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
   finally:
     server.Stop()
     server.Join()
+
+
+def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Callable[[], Any],
+                 checkpoint_dir: str, grace_s: float,
+                 checkpoint_interval_s: float | None) -> None:
+  """Entry point of a (supervised) replay process: a Reverb server on `port`.
+
+  The server loads the latest checkpoint under `checkpoint_dir` when there is one (a
+  restart after a crash). With `checkpoint_interval_s` it writes a new checkpoint that
+  often and deletes the older ones, so the directory holds at most one complete
+  checkpoint besides the one being written.
+  """
+  import reverb  # pylint: disable=g-import-not-at-top
+  if stop_event is None:
+    stop_event = default_stop_event()
+  restoring = bool(os.listdir(checkpoint_dir))
+  server = reverb.Server(tables=tables_fn(), port=port,
+                         checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
+  client = reverb.Client(f'localhost:{port}')
+  if restoring:
+    sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
+    logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
+  try:
+    while not stop_event.wait(checkpoint_interval_s or 3600.0):
+      if checkpoint_interval_s is None:
+        continue
+      try:
+        latest = client.checkpoint()
+      except Exception:  # pylint: disable=broad-except
+        logging.exception('replay: checkpoint failed (the next one is tried in %.0fs)',
+                          checkpoint_interval_s)
+        continue
+      # Reverb names checkpoints by time under `checkpoint_dir`; keep only the newest.
+      for entry in os.listdir(checkpoint_dir):
+        path = os.path.join(checkpoint_dir, entry)
+        if os.path.abspath(path) != os.path.abspath(latest) and os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+    time.sleep(grace_s)  # Outlive clients still stopping (see program.ReplayNode).
+  finally:
+    server.stop()
 
 
 class SupervisedCentralNode(lp.CourierNode):
