@@ -16,9 +16,9 @@ thread through a bounded queue: when the table's rate limiter blocks (the learne
 behind), the queue fills and `write` blocks the inference thread, so actors wait
 instead of memory growing. When the Reverb server goes away (the replay node crashed
 and its supervisor restarts it), the writer logs it once, waits for the server to
-answer again, logs that once, and goes on with a new stream: the items it was writing
-are lost (`items_lost`), the ones queued are not. Only an error while the server
-answers is fatal.
+answer again, logs that once, and goes on with a new stream, writing again the items
+whose flush it had not seen confirmed (`items_rewritten`); nothing handed to it is
+lost. Only an error while the server answers is fatal.
 """
 
 import queue
@@ -145,9 +145,9 @@ class ReverbSequenceWriter:
     self.items_queued = 0
     self.items_written = 0
     self.blocked_seconds = 0.0
-    self.items_lost = 0  # in flight when the server went away
+    self.items_rewritten = 0  # unconfirmed when the server went away, written again
     self.reconnects = 0
-    self._in_flight = 0
+    self._in_flight: List[Tuple[float, Dict[str, Any]]] = []
     self.error: BaseException | None = None
     self._thread = threading.Thread(target=self._loop, name=f'reverb-writer-{table}',
                                     daemon=True)
@@ -195,23 +195,26 @@ class ReverbSequenceWriter:
     writer = self._client.trajectory_writer(num_keep_alive_refs=1)
     try:
       while not self._closed.is_set():
-        try:
-          items = [self._queue.get(timeout=0.1)]
-        except queue.Empty:
-          continue
+        if self._in_flight:
+          items = self._in_flight  # unconfirmed when the last stream was lost: again
+        else:
+          try:
+            items = [self._queue.get(timeout=0.1)]
+          except queue.Empty:
+            continue
         while len(items) < 32:
           try:
             items.append(self._queue.get_nowait())
           except queue.Empty:
             break
-        self._in_flight = len(items)
+        self._in_flight = items
         for priority, item in items:
           writer.append(item)
           writer.create_item(self._table, float(priority),
                              tree.map_structure(lambda col: col[-1], writer.history))
         self._flush(writer)
         self.items_written += len(items)
-        self._in_flight = 0
+        self._in_flight = []
     finally:
       try:
         writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
@@ -232,16 +235,16 @@ class ReverbSequenceWriter:
   def _wait_for_server(self, error: BaseException) -> None:
     """The replay server is gone (crashed, restarting): one line now, one when it is back.
 
-    The items being written when it went are lost (counted in `items_lost`); the
-    queue keeps what inference hands over until it is full, then inference waits.
+    The items whose flush was not confirmed are written again on the new stream (a
+    few may then be in the table twice); the queue keeps what inference hands over
+    until it is full, then inference waits.
     """
-    lost, self._in_flight = self._in_flight, 0
-    self.items_lost += lost
-    self.items_queued -= lost  # never to be written: `wait_until_written` must not wait
     self.reconnects += 1
-    logging.warning('Reverb server for table %r unreachable (%s: %s); %d items lost; '
-                    'reconnecting', self._table, type(error).__name__,
-                    str(error).splitlines()[0][:200] if str(error) else '', lost)
+    logging.warning('Reverb server for table %r unreachable (%s: %s); %d unconfirmed '
+                    'items will be written again; reconnecting', self._table,
+                    type(error).__name__, str(error).splitlines()[0][:200] if str(error) else '',
+                    len(self._in_flight))
+    self.items_rewritten += len(self._in_flight)
     started = time.monotonic()
     while not self._closed.is_set() and not self._server_reachable():
       self._closed.wait(0.5)
@@ -331,7 +334,7 @@ class ReverbSequenceSink:
             'items_written': self.writer.items_written,
             'writer_pending': self.writer.pending,
             'writer_blocked_s': self.writer.blocked_seconds,
-            'items_lost': self.writer.items_lost,
+            'items_rewritten': self.writer.items_rewritten,
             'writer_reconnects': self.writer.reconnects}
 
   def wait_until_written(self, timeout_s: float = 10.0) -> bool:
