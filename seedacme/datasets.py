@@ -52,6 +52,7 @@ class ReverbBatches:
     self._with_info = with_info
     self._iterator = None
     self._down_since: float | None = None  # when the server stopped answering
+    self._sampled = False  # a batch came: later failures to connect are outages
 
   def _make_iterator(self):
     dataset = reverb.TrajectoryDataset.from_table_signature(
@@ -84,12 +85,16 @@ class ReverbBatches:
             tf.errors.InternalError, reverb.errors.DeadlineExceededError) as e:
       # The server went away (or our stream to it broke): a fresh iterator next time.
       self._iterator = None
+      if not self._sampled:
+        time.sleep(self._timeout_ms / 1e3)  # the replay node is still starting
+        return None
       if self._down_since is None:
         self._down_since = time.monotonic()
         logging.warning('Reverb server %s unreachable while sampling %r (%s); retrying',
                         self._server_address, self._table, type(e).__name__)
       time.sleep(self._timeout_ms / 1e3)  # no tight loop of failing connects
       return None
+    self._sampled = True
     if self._down_since is not None:
       logging.info('Reverb server %s sampling again after %.1fs', self._server_address,
                    time.monotonic() - self._down_since)

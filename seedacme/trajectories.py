@@ -175,6 +175,9 @@ class ReverbSequenceWriter:
     return self._queue.qsize()
 
   def _loop(self) -> None:
+    # The replay node may still be starting: wait quietly for its first answer.
+    while not self._closed.is_set() and not self._server_reachable():
+      self._closed.wait(0.5)
     while not self._closed.is_set():
       try:
         self._write_until_failure()
@@ -192,7 +195,10 @@ class ReverbSequenceWriter:
   def _write_until_failure(self) -> None:
     # No `with`: the context manager's exit flushes without a timeout, which would hang
     # shutdown while the table is full.
-    writer = self._client.trajectory_writer(num_keep_alive_refs=1)
+    try:
+      writer = self._client.trajectory_writer(num_keep_alive_refs=1)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConnectionError(f'could not open a stream: {e}') from e
     try:
       while not self._closed.is_set():
         if self._in_flight:
