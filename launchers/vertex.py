@@ -231,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
   logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'
   config = ProgramConfig(num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
-                         max_seconds=args.max_seconds, logdir=logdir)
+                         max_seconds=args.max_seconds, logdir=logdir,
+                         accelerator=None if args.accelerator == 'none' else args.accelerator)
   launch_type = lp.LaunchType.VERTEX_AI
   program = program_lib.make_program(
       builder, factory, spec, config,

@@ -33,6 +33,9 @@ import tree
 
 from seedacme.lifecycle import default_stop_event
 
+# A child exits with this when its error has `fatal = True` (restarting cannot fix it,
+# e.g. `devices.AcceleratorMissingError`): the supervisor then fails instead of restarting.
+FATAL_EXIT_CODE = 78
 
 
 
@@ -91,6 +94,9 @@ class Supervisor:
         if code == 0:
           logging.info('%s: child %d finished', self._name, self.child.pid)
           return
+        if code == FATAL_EXIT_CODE:
+          raise RuntimeError(f'{self._name}: child {self.child.pid} refused to run (its '
+                             f'error is logged above); not restarting it')
         if time.monotonic() - started > 60:
           backoff = self._backoff  # it ran a while: not a crash loop
         self.restarts += 1
@@ -206,7 +212,16 @@ def _child_main() -> None:
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
-  target(stop_event=stop, **kwargs)
+  try:
+    target(stop_event=stop, **kwargs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if not getattr(e, 'fatal', False):
+      raise
+    # An error a restart cannot fix (e.g. no accelerator): tell the supervisor so.
+    absl_logging.error('%s: %s', type(e).__name__, e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FATAL_EXIT_CODE)
   # The work is done and its results written. Run the exit hooks (TF removes its
   # autograph temp files there), then skip the rest of interpreter teardown: a Courier
   # client's destructor can block on a call still in flight to a busy server, and the
