@@ -186,8 +186,6 @@ def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
     os.kill(victim, signal.SIGKILL)
     restored = lambda: 'restored the latest checkpoint' in run.node_log('replay/0')  # noqa: E731
     assert _wait_for(restored, 60, run), run.node_log('replay/0')[-3000:]
-    back = lambda: 'sampling again' in run.node_log('learner/0')  # noqa: E731
-    assert _wait_for(back, 60, run), run.node_log('learner/0')[-3000:]
     steps_after_restart = run.progress()[-1]['learner_steps']
     code = run.wait(200)
   finally:
