@@ -24,8 +24,8 @@ from typing import Dict, List, Sequence
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
-from seedacme.agents import registry as agents
-from seedacme.config import ProgramConfig
+from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args,
+                                              make_program_inputs)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_IMAGE = 'python:3.10'
@@ -68,10 +68,8 @@ class WorkerPool:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog='launchers/vertex', description=__doc__.split('\n')[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument('env', choices=envs.ENV_NAMES)
-  p.add_argument('agent', choices=agents.AGENT_NAMES)
-  p.add_argument('num_actors', type=int)
-  p.add_argument('envs_per_actor', type=int, nargs='?', default=32)
+  add_program_args(p, envs_per_actor=32, max_seconds=24 * 3600.0,
+                   logdir_help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
   p.add_argument('--dry_run', action='store_true',
                  help='build, validate and print the job plan; launch nothing')
   p.add_argument('--accelerator', default='V100', choices=('none',) + GPUS + TPUS,
@@ -84,11 +82,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--replay_cpu', type=int, default=4)
   p.add_argument('--replay_memory_gb', type=int, default=0,
                  help='0: sized from the replay table (see replay_memory_gb())')
-  p.add_argument('--max_seconds', type=float, default=24 * 3600.0)
-  p.add_argument('--logdir', default=None,
-                 help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
-  p.add_argument('--level', default=None, help='DMLab level')
-  p.add_argument('--game', default=None, help='Atari game (default Pong)')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
   return p.parse_args(argv)
 
@@ -220,19 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
-  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
-  factory = envs.make_factory(args.env, **env_kwargs)
-  try:
-    spec = envs.env_spec_of(factory(0))
-  except ImportError as e:
-    print(f'vertex: cannot create {args.env!r}: {e}', file=sys.stderr)
-    return 2
-  builder = agents.make_builder(args.agent, args.env)
   bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
   logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'
-  config = ProgramConfig(num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
-                         max_seconds=args.max_seconds, logdir=logdir,
-                         accelerator=None if args.accelerator == 'none' else args.accelerator)
+  try:
+    factory, spec, builder, config = make_program_inputs(
+        args, logdir, accelerator=None if args.accelerator == 'none' else args.accelerator)
+  except ProgramArgsError as e:
+    print(f'vertex: {e}', file=sys.stderr)
+    return 2
   launch_type = lp.LaunchType.VERTEX_AI
   program = program_lib.make_program(
       builder, factory, spec, config,
