@@ -174,7 +174,7 @@ def _replay_checkpoints(run: Run) -> list:
 
 @pytest.mark.timeout(300)
 def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
-  run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '110', '--num_eval_envs', '0',
+  run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '85', '--num_eval_envs', '0',
              '--progress_interval_s', '1', '--agent_config', 'replay_checkpoint_interval_s=3',
              '--agent_config', 'min_replay_size=200'], str(tmp_path))
   try:
