@@ -96,8 +96,10 @@ def main() -> int:
       while time.time() < killed + args.window_s / 2 + 5:
         wait_until(time.time() + 0.5)
         now = time.time()
+        if now - 2.5 < killed:
+          continue  # only windows that start after the kill
         rate = stamped.rate_between(now - 2.5, now)
-        if rate is not None and before and rate >= 0.9 * before and now - killed > 1:
+        if rate is not None and before and rate >= 0.9 * before:
           back = now - 2.5 - killed  # the start of the first 2.5-s window back at 90 %
           break
       rows.append({'node': node, 'killed_at_s': round(killed - start, 1),
@@ -116,8 +118,11 @@ def main() -> int:
             'final_average_return': summary.get('average_return'),
             'stopped_because': summary.get('stopped_because'),
             'trajectory_writer_reconnects': summary.get('trajectory_writer_reconnects'),
-            'actor_restarts': summary.get('actor_restarts'), 'events': resumed}
-  print(json.dumps(result, indent=1))
+            'actor_restarts': summary.get('actor_restarts'), 'events': resumed,
+            'records': [{k: r.get(k) for k in ('wall', 'env_steps', 'learner_steps',
+                                               'replay_size', 'average_return')}
+                        for r in stamped.records]}
+  print(json.dumps({k: v for k, v in result.items() if k != 'records'}, indent=1))
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, 'w') as f:
     json.dump(result, f, indent=1)

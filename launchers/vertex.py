@@ -15,11 +15,16 @@ validates it and prints it. Without `--dry_run` it also checks the GCP setup
 """
 
 import argparse
+import atexit
 import collections
 import dataclasses
+import functools
 import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from typing import Dict, List, Sequence
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
@@ -83,6 +88,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--replay_memory_gb', type=int, default=0,
                  help='0: sized from the replay table (see replay_memory_gb())')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  p.add_argument('--emulate', action='store_true',
+                 help='build the real Vertex executables and run every replica as a local '
+                 'process from its copied code, with a loopback CLUSTER_SPEC '
+                 '(launchers/cluster.py); needs xmanager, no cloud')
+  p.add_argument('--emulate_logs', default=None,
+                 help='--emulate: where replica logs go (default <logdir>/replicas)')
   return p.parse_args(argv)
 
 
@@ -191,6 +202,47 @@ def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
   return resources
 
 
+# What a container needs of the repository: the package, its mapped subpackages and the
+# files setup.py reads. Not the virtualenv, runs, .git or caches (Launchpad copies the
+# whole code directory into every image).
+_CODE = ('seedacme', 'agents', 'envs', 'launchers', 'setup.py', 'requirements')
+
+
+def stage_code_directory() -> str:
+  """A temp dir with only the code a container needs (removed at exit)."""
+  staged = tempfile.mkdtemp(prefix='seedacmecode')
+  atexit.register(shutil.rmtree, staged, ignore_errors=True)
+  for name in _CODE:
+    src = os.path.join(REPO_ROOT, name)
+    if os.path.isdir(src):
+      shutil.copytree(src, os.path.join(staged, name),
+                      ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    elif os.path.exists(src):
+      shutil.copy(src, staged)
+  return staged
+
+
+def _emulate(program, pools: List[WorkerPool], logdir: str, log_dir: str | None) -> int:
+  """Runs every replica locally from Launchpad's Vertex executables (launchers/cluster.py)."""
+  from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
+  built = cluster.build_pools(program, pools, _xm_resources(pools))
+  spec = cluster.cluster_spec(built)
+  replicas = cluster.Replicas()
+  signal.signal(signal.SIGTERM, replicas.request_stop)
+  signal.signal(signal.SIGINT, replicas.request_stop)
+  forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in _CODE[:4])
+  log_dir = log_dir or os.path.join(logdir, 'replicas')
+  for name, directory, command, count in built:
+    for index in range(count):
+      replicas.start(name, directory, command, index, spec, forbidden, log_dir)
+  print(f'vertex --emulate: {sum(b[3] for b in built)} replicas in {len(built)} pools '
+        f'({", ".join(f"{b[0]} x {b[3]}" for b in built)}); logs in {log_dir}', flush=True)
+  codes = replicas.wait()
+  failed = {n: c for n, c in codes.items() if c != 0}
+  print(f'vertex --emulate: replicas ended: {codes}', flush=True)
+  return 1 if failed else 0
+
+
 def _check_cloud_setup() -> List[str]:
   problems = []
   if not os.environ.get('GOOGLE_CLOUD_BUCKET_NAME'):
@@ -222,13 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'vertex: {e}', file=sys.stderr)
     return 2
   launch_type = lp.LaunchType.VERTEX_AI
-  program = program_lib.make_program(
-      builder, factory, spec, config,
-      stop_program=None if args.dry_run else lp.make_program_stopper(launch_type),
-      name=f'seedacme-{args.env}-{args.agent}')
+  if args.emulate:
+    # The central node's stopper signals this launcher, which stops every replica.
+    stop_program = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+  else:
+    stop_program = None if args.dry_run else lp.make_program_stopper(launch_type)
+  program = program_lib.make_program(builder, factory, spec, config, stop_program=stop_program,
+                                     name=f'seedacme-{args.env}-{args.agent}')
   groups = {label: len(nodes) for label, nodes in program.groups.items()}
+  code_directory = REPO_ROOT if args.dry_run else stage_code_directory()
   pools = plan_worker_pools(groups, group_hardware(args, replay_memory_gb(builder, spec)),
-                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), REPO_ROOT)
+                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), code_directory)
   errors = validate_plan(pools)
   if args.json:
     print(json.dumps({'program': program.name, 'logdir': logdir, 'valid': not errors,
@@ -249,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.json:
       print('vertex: plan is valid (dry run: nothing launched)')
     return 0
+  if args.emulate:
+    return _emulate(program, pools, logdir, args.emulate_logs)
   problems = _check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)

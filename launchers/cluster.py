@@ -1,0 +1,129 @@
+"""Runs the Vertex AI executables without Vertex: every replica a local process.
+
+`vertex.py --emulate` builds the worker pools' executables exactly as a Vertex launch
+does -- Launchpad's own `to_executables` per pool (`xm_docker.to_docker_executables`:
+`job.pkl`, `process_entry.py` and a copy of the code directory) after binding every
+node's address to the `CLUSTER_SPEC` Vertex would set -- and then, instead of building
+images and submitting a job, starts `python -m process_entry --data_file=job.pkl` for
+every replica, from that pool's copied directory, with a `CLUSTER_SPEC` of loopback
+addresses (one distinct port per node). A pickling problem, an import that only works
+from the checkout or a second port per node fails here as it would in the cloud.
+
+The program is stopped the Vertex way's equivalent: the central node's program stopper
+signals this launcher (SIGTERM), which passes SIGTERM to every replica (Launchpad's
+worker manager in each sets the node's stop event) and kills what is left after a grace
+period. What this cannot show: the image build, Vertex's DNS names, GCS, accelerators.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Sequence, Tuple
+
+import portpicker
+
+# Set in every replica's environment to the checkout's path: `seedacme/__init__.py` then
+# fails any import of a file under it (an emulated replica must run from its copy only).
+FORBIDDEN_SOURCE_ENV = 'SEEDACME_FORBIDDEN_SOURCE'
+
+
+def build_pools(program, pools, xm_resources) -> List[Tuple[str, str, List[str], int]]:
+  """Binds addresses and builds each pool's executable as a Vertex launch would.
+
+  Args:
+    program: the Launchpad program.
+    pools: `vertex.WorkerPool`s in Vertex order (`vertex.plan_worker_pools`).
+    xm_resources: group -> `lp.DockerConfig` (`vertex._xm_resources`).
+
+  Returns:
+    (pool name, directory holding job.pkl and the code, command, replicas) per pool.
+  """
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  from launchpad import context as lp_context  # pylint: disable=g-import-not-at-top
+  launch_type = lp_context.LaunchType.VERTEX_AI
+  del lp
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      node._initialize_context(launch_type, launch_config=xm_resources[label])  # pylint: disable=protected-access
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      for handle in node.input_handles:
+        handle.connect(node, label)
+  built = []
+  for pool in pools:
+    nodes = []
+    for name in pool.nodes:
+      label, index = name.split('/')
+      nodes.append(program.groups[label][int(index)])
+    for instance, node in enumerate(nodes):
+      node.bind_addresses(cluster=pool.name, instance=instance)
+    [(container, _)] = nodes[0].to_executables(nodes, pool.name, nodes[0].launch_context)
+    command = list(container.entrypoint.commands)[0].split()
+    built.append((pool.name, container.path, command, len(nodes)))
+  return built
+
+
+def cluster_spec(pools: Sequence[Tuple[str, str, List[str], int]],
+                 hosts: Dict[str, List[str]] | None = None) -> Dict[str, List[str]]:
+  """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them."""
+  if hosts is not None:
+    return hosts
+  return {name: [f'127.0.0.1:{portpicker.pick_unused_port()}' for _ in range(replicas)]
+          for name, _, _, replicas in pools}
+
+
+class Replicas:
+  """The replica processes this host runs; stops them all on SIGTERM/SIGINT or at exit."""
+
+  def __init__(self, grace_s: float = 20.0):
+    self.procs: Dict[str, subprocess.Popen] = {}
+    self._grace_s = grace_s
+    self._stop = threading.Event()
+
+  def start(self, pool: str, directory: str, command: List[str], index: int,
+            cluster: Dict[str, List[str]], forbidden_source: str | None,
+            log_dir: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
+    env['CLUSTER_SPEC'] = json.dumps({'cluster': cluster,
+                                      'task': {'type': pool, 'index': index}})
+    if forbidden_source:
+      env[FORBIDDEN_SOURCE_ENV] = forbidden_source
+    # The container's `python` is the image's; here, this interpreter (its packages).
+    argv = [sys.executable if command[0] == 'python' else command[0], *command[1:]]
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, f'{pool}-{index}'), 'w') as log:
+      self.procs[f'{pool}/{index}'] = subprocess.Popen(
+          argv, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+  def request_stop(self, *_) -> None:
+    self._stop.set()
+
+  def wait(self) -> Dict[str, int]:
+    """Until every replica ended (or a stop was asked); returns their exit codes."""
+    while not self._stop.is_set():
+      if all(p.poll() is not None for p in self.procs.values()):
+        break
+      failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+      if failed:
+        print(f'cluster: replica {failed[0]} exited with code '
+              f'{self.procs[failed[0]].returncode}; stopping the others', flush=True)
+        break
+      self._stop.wait(0.5)
+    self.stop()
+    return {n: p.returncode for n, p in self.procs.items()}
+
+  def stop(self) -> None:
+    for p in self.procs.values():
+      if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + self._grace_s
+    for p in self.procs.values():
+      try:
+        p.wait(max(0.1, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
