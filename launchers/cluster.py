@@ -67,6 +67,42 @@ def build_pools(program, pools, xm_resources) -> List[Tuple[str, str, List[str],
   return built
 
 
+def parse_cluster_spec(text: str, pools) -> Dict[str, List[str]]:
+  """`{pool: ['host:port', ...]}` from JSON or `@file`, checked against the pools."""
+  if text.startswith('@'):
+    with open(text[1:]) as f:
+      text = f.read()
+  try:
+    hosts = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'--cluster_spec is not JSON: {e}') from e
+  expected = {name: replicas for name, _, _, replicas in pools}
+  got = {k: len(v) for k, v in hosts.items()} if isinstance(hosts, dict) else None
+  if got != expected:
+    raise ValueError(f'--cluster_spec must give {expected} addresses per pool (see '
+                     f'--dry_run), got {got}')
+  for addresses in hosts.values():
+    for address in addresses:
+      host, _, port = address.rpartition(':')
+      if not host or not port.isdigit():
+        raise ValueError(f'--cluster_spec: {address!r} is not host:port')
+  return hosts
+
+
+def parse_replicas(text: str | None, pools) -> set:
+  """{(pool, index)} this host starts: all of them by default, else 'pool/i,...'."""
+  every = {(name, i) for name, _, _, replicas in pools for i in range(replicas)}
+  if not text:
+    return every
+  mine = set()
+  for item in text.split(','):
+    name, _, index = item.strip().partition('/')
+    if not index.isdigit() or (name, int(index)) not in every:
+      raise ValueError(f'--replicas: {item!r} is not one of {sorted(every)}')
+    mine.add((name, int(index)))
+  return mine
+
+
 def cluster_spec(pools: Sequence[Tuple[str, str, List[str], int]],
                  hosts: Dict[str, List[str]] | None = None) -> Dict[str, List[str]]:
   """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them."""
@@ -76,13 +112,24 @@ def cluster_spec(pools: Sequence[Tuple[str, str, List[str], int]],
           for name, _, _, replicas in pools}
 
 
+def _mtime(path: str) -> float | None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    return tf.io.gfile.stat(path).mtime_nsec
+  except tf.errors.NotFoundError:
+    return None
+
+
 class Replicas:
   """The replica processes this host runs; stops them all on SIGTERM/SIGINT or at exit."""
 
-  def __init__(self, grace_s: float = 20.0):
+  def __init__(self, grace_s: float = 20.0, summary_path: str | None = None):
     self.procs: Dict[str, subprocess.Popen] = {}
     self._grace_s = grace_s
     self._stop = threading.Event()
+    # A host without the central node learns that the run ended from its summary.
+    self._summary_path = summary_path
+    self._summary_before = _mtime(summary_path) if summary_path else None
 
   def start(self, pool: str, directory: str, command: List[str], index: int,
             cluster: Dict[str, List[str]], forbidden_source: str | None,
@@ -106,6 +153,10 @@ class Replicas:
     """Until every replica ended (or a stop was asked); returns their exit codes."""
     while not self._stop.is_set():
       if all(p.poll() is not None for p in self.procs.values()):
+        break
+      if self._summary_path and _mtime(self._summary_path) != self._summary_before:
+        print('cluster: the run wrote its summary; stopping this host\'s replicas', flush=True)
+        time.sleep(3)  # let the central node's host stop first
         break
       failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
       if failed:

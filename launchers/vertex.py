@@ -94,6 +94,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  '(launchers/cluster.py); needs xmanager, no cloud')
   p.add_argument('--emulate_logs', default=None,
                  help='--emulate: where replica logs go (default <logdir>/replicas)')
+  p.add_argument('--cluster_spec', default=None,
+                 help='--emulate on your own machines: JSON (or @file) of '
+                 '{"workerpool0": ["host:port"], ...}, every replica of every pool as '
+                 '--dry_run lists them; default: every replica on this host, loopback')
+  p.add_argument('--replicas', default=None,
+                 help='with --cluster_spec: the replicas this host starts, e.g. '
+                 'workerpool0/0,workerpool2/1 (default: all)')
   return p.parse_args(argv)
 
 
@@ -222,21 +229,37 @@ def stage_code_directory() -> str:
   return staged
 
 
-def _emulate(program, pools: List[WorkerPool], logdir: str, log_dir: str | None) -> int:
-  """Runs every replica locally from Launchpad's Vertex executables (launchers/cluster.py)."""
+def _emulate(program, pools: List[WorkerPool], logdir: str, log_dir: str | None,
+             cluster_spec: str | None, only: str | None) -> int:
+  """Runs replicas locally from Launchpad's Vertex executables (launchers/cluster.py).
+
+  Without `cluster_spec`, every replica on this host with loopback addresses. With it,
+  the given addresses, and only the replicas `only` names (the others run on other
+  hosts, started there with the same command): the run's `summary.json` appearing in
+  the logdir (shared by the hosts) tells a host without the central node to stop.
+  """
   from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
   built = cluster.build_pools(program, pools, _xm_resources(pools))
-  spec = cluster.cluster_spec(built)
-  replicas = cluster.Replicas()
+  try:
+    hosts = cluster.parse_cluster_spec(cluster_spec, built) if cluster_spec else None
+    mine = cluster.parse_replicas(only, built)
+  except ValueError as e:
+    print(f'vertex: {e}', file=sys.stderr)
+    return 2
+  spec = cluster.cluster_spec(built, hosts)
+  replicas = cluster.Replicas(summary_path=os.path.join(logdir, 'summary.json')
+                              if only else None)
   signal.signal(signal.SIGTERM, replicas.request_stop)
   signal.signal(signal.SIGINT, replicas.request_stop)
   forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in _CODE[:4])
   log_dir = log_dir or os.path.join(logdir, 'replicas')
   for name, directory, command, count in built:
     for index in range(count):
-      replicas.start(name, directory, command, index, spec, forbidden, log_dir)
-  print(f'vertex --emulate: {sum(b[3] for b in built)} replicas in {len(built)} pools '
-        f'({", ".join(f"{b[0]} x {b[3]}" for b in built)}); logs in {log_dir}', flush=True)
+      if (name, index) in mine:
+        replicas.start(name, directory, command, index, spec, forbidden, log_dir)
+  print(f'vertex --emulate: {len(replicas.procs)} of {sum(b[3] for b in built)} replicas in '
+        f'{len(built)} pools ({", ".join(f"{b[0]} x {b[3]}" for b in built)}) on this host; '
+        f'logs in {log_dir}', flush=True)
   codes = replicas.wait()
   failed = {n: c for n, c in codes.items() if c != 0}
   print(f'vertex --emulate: replicas ended: {codes}', flush=True)
@@ -306,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       print('vertex: plan is valid (dry run: nothing launched)')
     return 0
   if args.emulate:
-    return _emulate(program, pools, logdir, args.emulate_logs)
+    return _emulate(program, pools, logdir, args.emulate_logs, args.cluster_spec,
+                    args.replicas)
   problems = _check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)

@@ -45,3 +45,47 @@ def test_emulated_vertex_cluster_trains_catch_and_every_replica_exits_0(tmp_path
   assert float(summary['stopped_because'].split()[2]) >= 0.9
   assert os.listdir(tmp) == [] or all(n.startswith('__autograph') for n in os.listdir(tmp)), \
       os.listdir(tmp)
+
+
+@pytest.mark.timeout(330)
+def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
+  # Two "hosts": two launchers, the same command and cluster spec, each starting its own
+  # replicas -- the central node and replay on one, actors and evaluator on the other.
+  pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
+  import json  # pylint: disable=g-import-not-at-top
+  import portpicker  # pylint: disable=g-import-not-at-top
+  tag = uuid.uuid4().hex
+  logdir = tmp_path / 'logdir'
+  ports = [portpicker.pick_unused_port() for _ in range(5)]
+  spec = {'workerpool0': [f'127.0.0.1:{ports[0]}'], 'workerpool1': [f'127.0.0.1:{ports[1]}'],
+          'workerpool2': [f'127.0.0.1:{p}' for p in ports[2:]]}
+  spec_file = tmp_path / 'cluster.json'
+  spec_file.write_text(json.dumps(spec))
+  hosts = {'a': 'workerpool0/0,workerpool1/0', 'b': 'workerpool2/0,workerpool2/1,workerpool2/2'}
+  procs = {}
+  try:
+    for host, replicas in hosts.items():
+      tmp = tmp_path / f'tmp_{host}'
+      tmp.mkdir()
+      env = dict(os.environ, TMPDIR=str(tmp), HOME=str(tmp_path), **{TAG_VAR: tag})
+      procs[host] = subprocess.Popen(
+          [sys.executable, '-m', 'seedacme.launchers.vertex', 'catch', 'vtrace', '2', '8',
+           '--accelerator', 'none', '--emulate', '--max_seconds', '240', '--target_return',
+           '0.9', '--logdir', str(logdir), '--learner_cpu', '2', '--actor_cpu', '1',
+           '--replay_cpu', '1', '--cluster_spec', f'@{spec_file}', '--replicas', replicas,
+           '--emulate_logs', str(tmp_path / f'replicas_{host}')],
+          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          text=True)
+    outs = {host: p.communicate(timeout=300)[0] for host, p in procs.items()}
+  finally:
+    for p in procs.values():
+      if p.poll() is None:
+        p.kill()
+    leftovers = leftover_processes(tag)
+  for host, p in procs.items():
+    assert p.returncode == 0, outs[host][-3000:]
+    codes = eval(re.search(r'replicas ended: (\{.*\})', outs[host]).group(1))  # pylint: disable=eval-used
+    assert set(codes.values()) == {0} and len(codes) == len(hosts[host].split(',')), codes
+  assert not leftovers, leftovers
+  summary = json.load(open(logdir / 'summary.json'))
+  assert float(summary['stopped_because'].split()[2]) >= 0.9, summary['stopped_because']
