@@ -305,6 +305,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   program = program_lib.make_program(builder, factory, spec, config, stop_program=stop_program,
                                      name=f'seedacme-{args.env}-{args.agent}')
   groups = {label: len(nodes) for label, nodes in program.groups.items()}
+  if not args.dry_run and '_' in tempfile.gettempdir():
+    # to_docker_executables draws temp dirs until one has no '_' (Vertex rejects it):
+    # under such a TMPDIR it would loop forever.
+    print(f'vertex: the temp dir {tempfile.gettempdir()!r} contains "_", which Launchpad '
+          f'0.5.0 cannot use for Vertex executables; set TMPDIR to a path without "_"',
+          file=sys.stderr)
+    return 2
   code_directory = REPO_ROOT if args.dry_run else stage_code_directory()
   pools = plan_worker_pools(groups, group_hardware(args, replay_memory_gb(builder, spec)),
                             os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), code_directory)
