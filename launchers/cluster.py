@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -54,6 +55,7 @@ def build_pools(program, pools, xm_resources) -> List[Tuple[str, str, List[str],
       for handle in node.input_handles:
         handle.connect(node, label)
   built = []
+  before = set(os.listdir(tempfile.gettempdir()))
   for pool in pools:
     nodes = []
     for name in pool.nodes:
@@ -64,6 +66,12 @@ def build_pools(program, pools, xm_resources) -> List[Tuple[str, str, List[str],
     [(container, _)] = nodes[0].to_executables(nodes, pool.name, nodes[0].launch_context)
     command = list(container.entrypoint.commands)[0].split()
     built.append((pool.name, container.path, command, len(nodes)))
+  # to_docker_executables draws temp dirs until one has no '_' and leaves the rejected
+  # (empty) ones behind: remove those.
+  for name in set(os.listdir(tempfile.gettempdir())) - before:
+    path = os.path.join(tempfile.gettempdir(), name)
+    if '_' in name and os.path.isdir(path) and not os.listdir(path):
+      os.rmdir(path)
   return built
 
 
