@@ -15,9 +15,7 @@ Nothing here knows which agent it runs or how the program is launched (`launcher
 """
 
 import functools
-import os
 import shutil
-import sys
 import tempfile
 from typing import Callable
 
@@ -76,12 +74,7 @@ class ReplayNode(lp.ReverbNode):
     finally:
       shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if self._supervise:
-      # The server is stopped and its files gone: nothing is left for this process to
-      # do. Exit now -- in a Vertex replica (seen in the emulation, launchers/cluster.py)
-      # Launchpad's worker manager otherwise ended it with SIGALRM during its countdown.
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(0)
+      supervisor.exit_node()  # the server is stopped and its files gone (see exit_node)
 
 
 def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,

@@ -109,9 +109,24 @@ class Supervisor:
       self._stop_child()
 
 
+def exit_node() -> None:
+  """Ends a Launchpad node process whose work is done (and stopped): exit code 0, now.
+
+  Launchpad 0.5.0's `process_entry` answers SIGTERM with a countdown of 1-s SIGALRMs and
+  never cancels it when the node function returns: a process whose interpreter teardown
+  takes over a second (TensorFlow, gRPC) then dies of SIGALRM (exit code -14), which a
+  Vertex replica would report as a failure (seen in the emulation, launchers/cluster.py).
+  A supervisor has nothing left to tear down once its child is gone.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
+
+
 def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
   """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved)."""
   Supervisor(target, kwargs, name).run()
+  exit_node()
 
 
 def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
@@ -194,6 +209,7 @@ class SupervisedCentralNode(lp.CourierNode):
                   courier_kwargs=self._courier_kwargs,
                   replay_address=kwargs['replay_address'].resolve())
     Supervisor(serve_central, kwargs, 'learner').run()
+    exit_node()
 
 
 def _child_main() -> None:
