@@ -116,8 +116,10 @@ def exit_node() -> None:
   never cancels it when the node function returns: a process whose interpreter teardown
   takes over a second (TensorFlow, gRPC) then dies of SIGALRM (exit code -14), which a
   Vertex replica would report as a failure (seen in the emulation, launchers/cluster.py).
-  A supervisor has nothing left to tear down once its child is gone.
+  A supervisor has nothing left to tear down once its child is gone but its exit hooks
+  (TensorFlow removes its autograph temp files there), which run first.
   """
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(0)
