@@ -32,6 +32,8 @@ def test_emulated_vertex_cluster_trains_catch_and_every_replica_exits_0(tmp_path
         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
   finally:
     leftovers = leftover_processes(tag)
+    left = [n for n in os.listdir(tmp) if not n.startswith('__autograph')]
+    shutil.rmtree(tmp)
   out = done.stdout + done.stderr
   assert done.returncode == 0, out[-3000:]
   assert not leftovers, leftovers
@@ -44,8 +46,6 @@ def test_emulated_vertex_cluster_trains_catch_and_every_replica_exits_0(tmp_path
   summary = json.load(open(logdir / 'summary.json'))
   assert 'target' in summary['stopped_because'], summary['stopped_because']
   assert float(summary['stopped_because'].split()[2]) >= 0.9
-  left = [n for n in os.listdir(tmp) if not n.startswith('__autograph')]
-  shutil.rmtree(tmp)
   assert not left, left  # executables' and staged code's temp dirs removed
 
 
