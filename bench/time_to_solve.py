@@ -21,7 +21,7 @@ from harness import ProgramRun, machine, print_table, write_json
 
 TARGETS = {'catch': 0.9, 'cartpole': 475.0}
 CAPS_S = {'catch': 150.0, 'cartpole': 360.0}
-GROUPS = ('actor', 'evaluator', 'learner', 'replay', 'counter')
+GROUPS = ('actor', 'evaluator', 'learner', 'replay')
 
 
 def main() -> int:

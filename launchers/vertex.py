@@ -15,17 +15,22 @@ validates it and prints it. Without `--dry_run` it also checks the GCP setup
 """
 
 import argparse
+import atexit
 import collections
 import dataclasses
+import functools
 import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from typing import Dict, List, Sequence
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
-from seedacme.agents import registry as agents
-from seedacme.config import ProgramConfig
+from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args,
+                                              make_program_inputs)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_IMAGE = 'python:3.10'
@@ -68,10 +73,8 @@ class WorkerPool:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog='launchers/vertex', description=__doc__.split('\n')[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument('env', choices=envs.ENV_NAMES)
-  p.add_argument('agent', choices=agents.AGENT_NAMES)
-  p.add_argument('num_actors', type=int)
-  p.add_argument('envs_per_actor', type=int, nargs='?', default=32)
+  add_program_args(p, envs_per_actor=32, max_seconds=24 * 3600.0,
+                   logdir_help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
   p.add_argument('--dry_run', action='store_true',
                  help='build, validate and print the job plan; launch nothing')
   p.add_argument('--accelerator', default='V100', choices=('none',) + GPUS + TPUS,
@@ -84,12 +87,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--replay_cpu', type=int, default=4)
   p.add_argument('--replay_memory_gb', type=int, default=0,
                  help='0: sized from the replay table (see replay_memory_gb())')
-  p.add_argument('--max_seconds', type=float, default=24 * 3600.0)
-  p.add_argument('--logdir', default=None,
-                 help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
-  p.add_argument('--level', default=None, help='DMLab level')
-  p.add_argument('--game', default=None, help='Atari game (default Pong)')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  p.add_argument('--emulate', action='store_true',
+                 help='build the real Vertex executables and run every replica as a local '
+                 'process from its copied code, with a loopback CLUSTER_SPEC '
+                 '(launchers/cluster.py); needs xmanager, no cloud')
+  p.add_argument('--emulate_logs', default=None,
+                 help='--emulate: where replica logs go (default <logdir>/replicas)')
+  p.add_argument('--cluster_spec', default=None,
+                 help='--emulate on your own machines: JSON (or @file) of '
+                 '{"workerpool0": ["host:port"], ...}, every replica of every pool as '
+                 '--dry_run lists them; default: every replica on this host, loopback')
+  p.add_argument('--replicas', default=None,
+                 help='with --cluster_spec: the replicas this host starts, e.g. '
+                 'workerpool0/0,workerpool2/1 (default: all)')
   return p.parse_args(argv)
 
 
@@ -116,7 +127,6 @@ def group_hardware(args: argparse.Namespace, replay_gb: int) -> Dict[str, Hardwa
       'replay': Hardware(args.replay_cpu, args.replay_memory_gb or replay_gb),
       'actor': actor,
       'evaluator': actor,
-      'counter': actor,
   }
 
 
@@ -199,6 +209,63 @@ def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
   return resources
 
 
+# What a container needs of the repository: the package, its mapped subpackages and the
+# files setup.py reads. Not the virtualenv, runs, .git or caches (Launchpad copies the
+# whole code directory into every image).
+_CODE = ('seedacme', 'agents', 'envs', 'launchers', 'setup.py', 'requirements')
+
+
+def stage_code_directory() -> str:
+  """A temp dir with only the code a container needs (removed at exit)."""
+  staged = tempfile.mkdtemp(prefix='seedacmecode')
+  atexit.register(shutil.rmtree, staged, ignore_errors=True)
+  for name in _CODE:
+    src = os.path.join(REPO_ROOT, name)
+    if os.path.isdir(src):
+      shutil.copytree(src, os.path.join(staged, name),
+                      ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    elif os.path.exists(src):
+      shutil.copy(src, staged)
+  return staged
+
+
+def _emulate(program, pools: List[WorkerPool], logdir: str, log_dir: str | None,
+             cluster_spec: str | None, only: str | None) -> int:
+  """Runs replicas locally from Launchpad's Vertex executables (launchers/cluster.py).
+
+  Without `cluster_spec`, every replica on this host with loopback addresses. With it,
+  the given addresses, and only the replicas `only` names (the others run on other
+  hosts, started there with the same command): the run's `summary.json` appearing in
+  the logdir (shared by the hosts) tells a host without the central node to stop.
+  """
+  from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
+  built = cluster.build_pools(program, pools, _xm_resources(pools))
+  try:
+    hosts = cluster.parse_cluster_spec(cluster_spec, built) if cluster_spec else None
+    mine = cluster.parse_replicas(only, built)
+  except ValueError as e:
+    print(f'vertex: {e}', file=sys.stderr)
+    return 2
+  spec = cluster.cluster_spec(built, hosts)
+  replicas = cluster.Replicas(summary_path=os.path.join(logdir, 'summary.json')
+                              if only else None)
+  signal.signal(signal.SIGTERM, replicas.request_stop)
+  signal.signal(signal.SIGINT, replicas.request_stop)
+  forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in _CODE[:4])
+  log_dir = log_dir or os.path.join(logdir, 'replicas')
+  for name, directory, command, count in built:
+    for index in range(count):
+      if (name, index) in mine:
+        replicas.start(name, directory, command, index, spec, forbidden, log_dir)
+  print(f'vertex --emulate: {len(replicas.procs)} of {sum(b[3] for b in built)} replicas in '
+        f'{len(built)} pools ({", ".join(f"{b[0]} x {b[3]}" for b in built)}) on this host; '
+        f'logs in {log_dir}', flush=True)
+  codes = replicas.wait()
+  failed = {n: c for n, c in codes.items() if c != 0}
+  print(f'vertex --emulate: replicas ended: {codes}', flush=True)
+  return 1 if failed else 0
+
+
 def _check_cloud_setup() -> List[str]:
   problems = []
   if not os.environ.get('GOOGLE_CLOUD_BUCKET_NAME'):
@@ -221,26 +288,33 @@ def main(argv: Sequence[str] | None = None) -> int:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
 
-  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game)) if v}
-  factory = envs.make_factory(args.env, **env_kwargs)
-  try:
-    spec = envs.env_spec_of(factory(0))
-  except ImportError as e:
-    print(f'vertex: cannot create {args.env!r}: {e}', file=sys.stderr)
-    return 2
-  builder = agents.make_builder(args.agent, args.env)
   bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
   logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'
-  config = ProgramConfig(num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
-                         max_seconds=args.max_seconds, logdir=logdir)
+  try:
+    factory, spec, builder, config = make_program_inputs(
+        args, logdir, accelerator=None if args.accelerator == 'none' else args.accelerator)
+  except ProgramArgsError as e:
+    print(f'vertex: {e}', file=sys.stderr)
+    return 2
   launch_type = lp.LaunchType.VERTEX_AI
-  program = program_lib.make_program(
-      builder, factory, spec, config,
-      stop_program=None if args.dry_run else lp.make_program_stopper(launch_type),
-      name=f'seedacme-{args.env}-{args.agent}')
+  if args.emulate:
+    # The central node's stopper signals this launcher, which stops every replica.
+    stop_program = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+  else:
+    stop_program = None if args.dry_run else lp.make_program_stopper(launch_type)
+  program = program_lib.make_program(builder, factory, spec, config, stop_program=stop_program,
+                                     name=f'seedacme-{args.env}-{args.agent}')
   groups = {label: len(nodes) for label, nodes in program.groups.items()}
+  if not args.dry_run and '_' in tempfile.gettempdir():
+    # to_docker_executables draws temp dirs until one has no '_' (Vertex rejects it):
+    # under such a TMPDIR it would loop forever.
+    print(f'vertex: the temp dir {tempfile.gettempdir()!r} contains "_", which Launchpad '
+          f'0.5.0 cannot use for Vertex executables; set TMPDIR to a path without "_"',
+          file=sys.stderr)
+    return 2
+  code_directory = REPO_ROOT if args.dry_run else stage_code_directory()
   pools = plan_worker_pools(groups, group_hardware(args, replay_memory_gb(builder, spec)),
-                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), REPO_ROOT)
+                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), code_directory)
   errors = validate_plan(pools)
   if args.json:
     print(json.dumps({'program': program.name, 'logdir': logdir, 'valid': not errors,
@@ -261,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.json:
       print('vertex: plan is valid (dry run: nothing launched)')
     return 0
+  if args.emulate:
+    return _emulate(program, pools, logdir, args.emulate_logs, args.cluster_spec,
+                    args.replicas)
   problems = _check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)

@@ -56,3 +56,34 @@ def _install_source_tree_finder() -> None:
 
 
 _install_source_tree_finder()
+
+
+def _forbid_sources(dirs: str) -> None:
+  """Fails the process at any read of a Python source or library under `dirs`.
+
+  Set by the emulated cluster (`launchers/cluster.py`, env `SEEDACME_FORBIDDEN_SOURCE`,
+  os.pathsep-separated) to the checkout's package dirs: a replica must import only from
+  its copy of the code, as a container would.
+  """
+  roots = tuple(os.path.abspath(d) + os.sep for d in dirs.split(os.pathsep) if d)
+  if (_HERE + os.sep).startswith(roots):  # this very package came from the checkout
+    sys.stderr.write(f'seedacme: imported {_HERE} from the checkout, which a container '
+                     f'would not have ({os.getpid()})\n')
+    sys.stderr.flush()
+    os._exit(3)
+
+  def hook(event, args):
+    if event != 'open' or not args or not isinstance(args[0], str):
+      return
+    path = args[0]
+    if path.startswith(roots) and path.endswith(('.py', '.pyc', '.so')):
+      sys.stderr.write(f'seedacme: imported {path} from the checkout, which a container '
+                       f'would not have ({os.getpid()})\n')
+      sys.stderr.flush()
+      os._exit(3)
+
+  sys.addaudithook(hook)
+
+
+if os.environ.get('SEEDACME_FORBIDDEN_SOURCE'):
+  _forbid_sources(os.environ['SEEDACME_FORBIDDEN_SOURCE'])

@@ -72,6 +72,16 @@ class SeedBuilder(abc.ABC):
 
   name: str = 'agent'
 
+  @property
+  def replay_checkpoint_interval_s(self) -> float | None:
+    """How often the replay node checkpoints its tables (None: never).
+
+    A restarted replay node loads the latest of these checkpoints. Worth it for a
+    replay buffer that took long to fill (R2D2); a V-trace queue refills in seconds
+    with fresher unrolls, so the default is None.
+    """
+    return None
+
   @abc.abstractmethod
   def make_replay_tables(self, spec: EnvSpec) -> List[Any]:
     """Reverb tables, built inside the replay node."""

@@ -18,6 +18,7 @@ from seedacme.actor_side_inference import POLICY_VARIABLES, ActingReports
 from seedacme.builder import SeedBuilder
 from seedacme.checkpointing import Checkpointer, export_policy
 from seedacme.config import ProgramConfig
+from seedacme.devices import compute_device
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
 from seedacme.lifecycle import default_stop_event
@@ -41,6 +42,7 @@ class CentralNode:
     self._stop_program = stop_program
     self._stop = stop_event
     self._progress = ProgressWriter(config.logdir)
+    self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
     self._networks = builder.make_networks(spec)
     self._policy_variables = builder.policy_network(self._networks).variables
     self._sink = None

@@ -5,6 +5,8 @@ state and the step counters. `Checkpointer` saves them with `tf.train.Checkpoint
 under `<logdir>/checkpoints/` every `interval_s` and once more at shutdown; starting the
 same command with the same logdir restores the latest checkpoint, so the learner
 continues at the step it had reached. Reverb's queue/replay may restart empty.
+Checkpoints and the exported policy go through TensorFlow's file systems, so the
+logdir may be a bucket (`gs://...` on Vertex AI).
 """
 
 import os
@@ -82,6 +84,6 @@ class _ExportedPolicy(tf.Module):
 
 def export_policy(network, spec: EnvSpec, path: str) -> str:
   """Writes the acting network as a SavedModel (`step(observation, state)`)."""
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')  # gs:// too
   tf.saved_model.save(_ExportedPolicy(network, spec), path)
   return path

@@ -42,6 +42,9 @@ class ProgramConfig:
       (`seedacme.actor_side_inference`). Everything else is identical.
     variable_update_period: with inference='actor', actors fetch fresh parameters
       every this many inference calls (in the background, as Acme's VariableClient).
+    accelerator: the accelerator the launch asked for the central node ('V100',
+      'TPU_V3', ...; None: none). The central node refuses to start when TensorFlow
+      sees no device of that kind (`seedacme.devices`) rather than train on the CPU.
     train: False runs acting only (no trajectories written, no learner steps): for
       measuring acting throughput without the learner as the bottleneck.
   """
@@ -67,6 +70,7 @@ class ProgramConfig:
   inference: str = 'central'
   variable_update_period: int = 100
   train: bool = True
+  accelerator: str | None = None
 
   @property
   def num_train_envs(self) -> int:

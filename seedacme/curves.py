@@ -1,9 +1,31 @@
-"""Learning curves from `<logdir>/progress.jsonl`: a CSV table and a PNG plot."""
+"""Learning curves from `<logdir>/progress.jsonl`: a CSV table and a PNG plot.
+
+The logdir may be remote (`gs://...` on Vertex AI): files go through `tf.io.gfile`
+there, and through plain `open` for local paths, so that a launcher drawing the curves
+of a local run does not import TensorFlow.
+"""
 
 import csv
+import io
 import json
 import os
 from typing import Dict, List
+
+
+def _open(path: str, mode: str = 'r'):
+  if '://' not in path:
+    return open(path, mode, newline='' if 'b' not in mode else None)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if 'w' in mode and tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)  # not every TF file system truncates (see progress.rewrite)
+  return tf.io.gfile.GFile(path, mode)
+
+
+def _exists(path: str) -> bool:
+  if '://' not in path:
+    return os.path.exists(path)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile.exists(path)
 
 COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',
            'eval_average_return', 'env_steps_per_s', 'learner_steps_per_s')
@@ -12,9 +34,9 @@ COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',
 def read_progress(logdir: str) -> List[Dict]:
   """Progress records (events left out), across resumed runs in file order."""
   path = os.path.join(logdir, 'progress.jsonl')
-  if not os.path.exists(path):
+  if not _exists(path):
     return []
-  with open(path) as f:
+  with _open(path) as f:
     records = [json.loads(line) for line in f if line.strip()]
   return [r for r in records if 'event' not in r]
 
@@ -23,7 +45,7 @@ def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   """Writes `curve.csv` and `curve.png` (return vs env steps); returns their paths."""
   records = read_progress(logdir)
   csv_path = os.path.join(logdir, 'curve.csv')
-  with open(csv_path, 'w', newline='') as f:
+  with _open(csv_path, 'w') as f:
     writer = csv.writer(f)
     writer.writerow(COLUMNS)
     for r in records:
@@ -44,6 +66,9 @@ def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(png_path, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)
   plt.close(fig)
+  with _open(png_path, 'wb') as f:
+    f.write(png.getvalue())
   return {'csv': csv_path, 'png': png_path}

@@ -5,7 +5,11 @@
     actor x N  `EnvActor`: env-only, K envs each (inference='actor': each with its
                own policy copy, `seedacme.actor_side_inference`)
     evaluator  `EnvActor(greedy=True)` through the same inference service
-    counter    Acme `Counter`
+
+There is no counter node: progress is counted on the central node (env steps arrive
+with every inference request), and an Acme `Counter` nobody read cost a process locally
+and a replica on Vertex. Every node is supervised (`seedacme.supervisor`) when
+`config.supervise` is set, the replay node included (`ReplayNode`).
 
 Nothing here knows which agent it runs or how the program is launched (`launchers/`).
 """
@@ -13,10 +17,8 @@ Nothing here knows which agent it runs or how the program is launched (`launcher
 import functools
 import shutil
 import tempfile
-import time
 from typing import Callable
 
-from acme.utils import counting
 import cloudpickle
 import launchpad as lp
 from launchpad.nodes.python import local_multi_processing
@@ -36,31 +38,43 @@ ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREA
 
 
 class ReplayNode(lp.ReverbNode):
-  """Launchpad's Reverb node, but it outlives its clients by a short grace period.
+  """Launchpad's Reverb node, supervised, checkpointed, and outliving its clients briefly.
 
-  Launchpad signals every node at once. If the Reverb server vanished first, a learner
-  waiting inside a Reverb sample would block on a dead server instead of timing out
-  normally and seeing the stop signal.
+  * Supervised (`supervise=True`): the Reverb server runs in a child process
+    (`supervisor.serve_replay`) that is restarted on the same port when it dies; the
+    central node's writers and the learner's dataset reconnect by themselves.
+  * Checkpointed (`checkpoint_interval_s`): the child writes a Reverb checkpoint this
+    often into a directory owned by this (supervisor) process, and a restarted child
+    loads the latest one -- R2D2's prioritized replay survives a crash. The directory
+    is removed when the node stops: a resumed *program* still starts with empty tables.
+  * Grace period: Launchpad signals every node at once. If the Reverb server vanished
+    first, a learner waiting inside a Reverb sample would block on a dead server
+    instead of timing out normally and seeing the stop signal.
   """
 
-  def __init__(self, priority_tables_fn, grace_s: float = 2.0):
+  def __init__(self, priority_tables_fn, grace_s: float = 2.0, supervise: bool = True,
+               checkpoint_interval_s: float | None = None):
     super().__init__(priority_tables_fn)
     self._grace_s = grace_s
+    self._supervise = supervise
+    self._checkpoint_interval_s = checkpoint_interval_s
 
   def run(self):
-    import reverb  # pylint: disable=g-import-not-at-top
     # Reverb's default checkpointer makes a temp dir per server and never removes it.
     checkpoint_dir = tempfile.mkdtemp(prefix='seedacme_reverb_')
+    port = lp.get_port_from_address(self._address.resolve())
+    kwargs = dict(port=port, tables_fn=self._priority_tables_fn,
+                  checkpoint_dir=checkpoint_dir, grace_s=self._grace_s,
+                  checkpoint_interval_s=self._checkpoint_interval_s)
     try:
-      self._server = reverb.Server(
-          tables=self._priority_tables_fn(),
-          port=lp.get_port_from_address(self._address.resolve()),
-          checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
-      lp.wait_for_stop()
-      time.sleep(self._grace_s)
-      self._server.stop()
+      if self._supervise:
+        supervisor.Supervisor(supervisor.serve_replay, kwargs, 'replay').run()
+      else:
+        supervisor.serve_replay(stop_event=None, **kwargs)
     finally:
       shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    if self._supervise:
+      supervisor.exit_node()  # the server is stopped and its files gone (see exit_node)
 
 
 def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
@@ -80,10 +94,10 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
   config.validate()
   program = lp.Program(name)
   with program.group('replay'):
-    replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec))
+    replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec),
+                             supervise=config.supervise,
+                             checkpoint_interval_s=builder.replay_checkpoint_interval_s)
     replay = program.add_node(replay_node)
-  with program.group('counter'):
-    counter = program.add_node(lp.CourierNode(counting.Counter))
   courier_kwargs = {'thread_pool_size': config.num_actors + 16}
   central_args = dict(builder=builder, spec=spec, config=config, stop_program=stop_program)
   with program.group('learner'):
@@ -92,14 +106,14 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
       # and TensorFlow, which the supervisor process has no use for.
       node = supervisor.SupervisedCentralNode(
           payload=cloudpickle.dumps(central_args), replay_address=replay_node.reverb_address,
-          counter=counter, courier_kwargs=courier_kwargs)
+          courier_kwargs=courier_kwargs)
     else:
-      node = lp.CourierNode(CentralNode, replay=replay, counter=counter,
+      node = lp.CourierNode(CentralNode, replay=replay,
                             courier_kwargs=courier_kwargs, **central_args)
     learner = program.add_node(node)
 
   def actor_node(name: str, **kwargs):
-    kwargs.update(env_factory=env_factory, counter=counter)
+    kwargs.update(env_factory=env_factory)
     if config.inference == 'actor':
       # Acme's pattern: the actor runs its own policy copy (seedacme.actor_side_inference).
       kwargs.update(central=learner, replay_address=replay_node.reverb_address,

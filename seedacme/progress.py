@@ -24,6 +24,19 @@ def _is_local(path: str) -> bool:
   return '://' not in path
 
 
+def rewrite(path: str, text: str) -> None:
+  """Replaces a file's contents through `tf.io.gfile` (local, `gs://`, `ram://`).
+
+  Removes the file first: not every TF file system truncates on 'w' (TF 2.8's
+  `ram://` appends), and one that does loses nothing by it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not _is_local(path) and tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+  with tf.io.gfile.GFile(path, 'w') as f:
+    f.write(text)
+
+
 class ProgressWriter:
   """Appends progress records; mirrors numeric fields to TensorBoard."""
 
@@ -47,8 +60,7 @@ class ProgressWriter:
         with tf.io.gfile.GFile(self._path) as f:
           self._remote_lines = f.read().splitlines()
     self._remote_lines.append(line)
-    with tf.io.gfile.GFile(self._path, 'w') as f:
-      f.write('\n'.join(self._remote_lines) + '\n')
+    rewrite(self._path, '\n'.join(self._remote_lines) + '\n')
 
   def _tb(self):
     if self._summary_writer is None:
@@ -75,9 +87,8 @@ class ProgressWriter:
     logging.info('%s', message)
 
   def write_summary(self, record: Dict[str, Any]) -> None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with tf.io.gfile.GFile(os.path.join(self._logdir, 'summary.json'), 'w') as f:
-      json.dump({k: _finite(v) for k, v in record.items()}, f, indent=1)
+    rewrite(os.path.join(self._logdir, 'summary.json'),
+            json.dumps({k: _finite(v) for k, v in record.items()}, indent=1))
 
 
 def _fmt(value, spec: str) -> str:

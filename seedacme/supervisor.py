@@ -1,12 +1,14 @@
 """Keeps a node's work alive: runs it in a child process and restarts it when it dies.
 
 Launchpad's local launcher treats any node process that dies as a failure of the whole
-program. Users run for days on preemptible machines, so seedacme's actor and central
-nodes are *supervisors*: the Launchpad node process starts the real work in a child
+program. Users run for days on preemptible machines, so seedacme's actor, evaluator,
+central and replay nodes are *supervisors*: the Launchpad node process starts the real work in a child
 process (`python -m seedacme.supervisor`, the target and its arguments pickled on
 stdin) and starts a new child when one dies -- `kill -9` included. A new actor child
 draws a new run id, so the server resets its envs; a new central child restores the
-latest checkpoint and binds the same Courier port, and actors reconnect.
+latest checkpoint and binds the same Courier port, and actors reconnect; a new replay
+child serves the same port and loads the latest Reverb checkpoint, if its node makes
+them (`serve_replay`), and the central node's writers and dataset reconnect.
 
 On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
 little, then kills it: nothing is left behind.
@@ -15,6 +17,7 @@ little, then kills it: nothing is left behind.
 import atexit
 import faulthandler
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +33,9 @@ import tree
 
 from seedacme.lifecycle import default_stop_event
 
+# A child exits with this when its error has `fatal = True` (restarting cannot fix it,
+# e.g. `devices.AcceleratorMissingError`): the supervisor then fails instead of restarting.
+FATAL_EXIT_CODE = 78
 
 
 
@@ -88,6 +94,9 @@ class Supervisor:
         if code == 0:
           logging.info('%s: child %d finished', self._name, self.child.pid)
           return
+        if code == FATAL_EXIT_CODE:
+          raise RuntimeError(f'{self._name}: child {self.child.pid} refused to run (its '
+                             f'error is logged above); not restarting it')
         if time.monotonic() - started > 60:
           backoff = self._backoff  # it ran a while: not a crash loop
         self.restarts += 1
@@ -100,9 +109,26 @@ class Supervisor:
       self._stop_child()
 
 
+def exit_node() -> None:
+  """Ends a Launchpad node process whose work is done (and stopped): exit code 0, now.
+
+  Launchpad 0.5.0's `process_entry` answers SIGTERM with a countdown of 1-s SIGALRMs and
+  never cancels it when the node function returns: a process whose interpreter teardown
+  takes over a second (TensorFlow, gRPC) then dies of SIGALRM (exit code -14), which a
+  Vertex replica would report as a failure (seen in the emulation, launchers/cluster.py).
+  A supervisor has nothing left to tear down once its child is gone but its exit hooks
+  (TensorFlow removes its autograph temp files there), which run first.
+  """
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
+
+
 def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
   """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved)."""
   Supervisor(target, kwargs, name).run()
+  exit_node()
 
 
 def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
@@ -126,6 +152,46 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
     server.Join()
 
 
+def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Callable[[], Any],
+                 checkpoint_dir: str, grace_s: float,
+                 checkpoint_interval_s: float | None) -> None:
+  """Entry point of a (supervised) replay process: a Reverb server on `port`.
+
+  The server loads the latest checkpoint under `checkpoint_dir` when there is one (a
+  restart after a crash). With `checkpoint_interval_s` it writes a new checkpoint that
+  often and deletes the older ones, so the directory holds at most one complete
+  checkpoint besides the one being written.
+  """
+  import reverb  # pylint: disable=g-import-not-at-top
+  if stop_event is None:
+    stop_event = default_stop_event()
+  restoring = bool(os.listdir(checkpoint_dir))
+  server = reverb.Server(tables=tables_fn(), port=port,
+                         checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
+  client = reverb.Client(f'localhost:{port}')
+  if restoring:
+    sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
+    logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
+  try:
+    while not stop_event.wait(checkpoint_interval_s or 3600.0):
+      if checkpoint_interval_s is None:
+        continue
+      try:
+        latest = client.checkpoint()
+      except Exception:  # pylint: disable=broad-except
+        logging.exception('replay: checkpoint failed (the next one is tried in %.0fs)',
+                          checkpoint_interval_s)
+        continue
+      # Reverb names checkpoints by time under `checkpoint_dir`; keep only the newest.
+      for entry in os.listdir(checkpoint_dir):
+        path = os.path.join(checkpoint_dir, entry)
+        if os.path.abspath(path) != os.path.abspath(latest) and os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+    time.sleep(grace_s)  # Outlive clients still stopping (see program.ReplayNode).
+  finally:
+    server.stop()
+
+
 class SupervisedCentralNode(lp.CourierNode):
   """The central node's Courier address, served by a supervised child process.
 
@@ -145,6 +211,7 @@ class SupervisedCentralNode(lp.CourierNode):
                   courier_kwargs=self._courier_kwargs,
                   replay_address=kwargs['replay_address'].resolve())
     Supervisor(serve_central, kwargs, 'learner').run()
+    exit_node()
 
 
 def _child_main() -> None:
@@ -163,7 +230,16 @@ def _child_main() -> None:
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
-  target(stop_event=stop, **kwargs)
+  try:
+    target(stop_event=stop, **kwargs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if not getattr(e, 'fatal', False):
+      raise
+    # An error a restart cannot fix (e.g. no accelerator): tell the supervisor so.
+    absl_logging.error('%s: %s', type(e).__name__, e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FATAL_EXIT_CODE)
   # The work is done and its results written. Run the exit hooks (TF removes its
   # autograph temp files there), then skip the rest of interpreter teardown: a Courier
   # client's destructor can block on a call still in flight to a busy server, and the

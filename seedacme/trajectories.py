@@ -14,7 +14,11 @@ does when an actor restarts (new run id).
 `ReverbSequenceWriter` moves completed sequences to a Reverb table on a background
 thread through a bounded queue: when the table's rate limiter blocks (the learner is
 behind), the queue fills and `write` blocks the inference thread, so actors wait
-instead of memory growing.
+instead of memory growing. When the Reverb server goes away (the replay node crashed
+and its supervisor restarts it), the writer logs it once, waits for the server to
+answer again, logs that once, and goes on with a new stream, writing again the items
+whose flush it had not seen confirmed (`items_rewritten`); nothing handed to it is
+lost. Only an error while the server answers is fatal.
 """
 
 import queue
@@ -101,6 +105,13 @@ class SequenceAssembler:
     return int(done.size)
 
 
+def _is_connection_error(error: BaseException) -> bool:
+  """Whether a Reverb client error says the connection (not the request) failed."""
+  text = f'{type(error).__name__}: {error}'
+  return any(word in text for word in ('Unavailable', 'Socket closed', 'Connection reset',
+                                       'Cancelled', 'failed to connect'))
+
+
 class WriterClosedError(ShutdownError):
   """The writer was closed while a caller waited to hand it sequences."""
 
@@ -110,7 +121,8 @@ class ReverbSequenceWriter:
 
   def __init__(self, client, table: str,
                to_items: ToItems,
-               max_pending: int = 64, flush_timeout_ms: int = 500):
+               max_pending: int = 64, flush_timeout_ms: int = 500,
+               stall_check_s: float = 3.0):
     """Creates the writer.
 
     Args:
@@ -120,16 +132,22 @@ class ReverbSequenceWriter:
         `(priority, item)` pairs.
       max_pending: bound of the queue between the inference thread and Reverb.
       flush_timeout_ms: how long one blocking flush waits before re-checking `close`.
+      stall_check_s: after a flush stalled this long, check whether the stream to the
+        server was lost (the server restarted) rather than held back by the table.
     """
     self._client = client
     self._table = table
     self._to_items = to_items
     self._flush_timeout_ms = flush_timeout_ms
+    self._stall_check_s = stall_check_s
     self._queue: queue.Queue[Dict[str, Any]] = queue.Queue(maxsize=max_pending)
     self._closed = threading.Event()
     self.items_queued = 0
     self.items_written = 0
     self.blocked_seconds = 0.0
+    self.items_rewritten = 0  # unconfirmed when the server went away, written again
+    self.reconnects = 0
+    self._in_flight: List[Tuple[float, Dict[str, Any]]] = []
     self.error: BaseException | None = None
     self._thread = threading.Thread(target=self._loop, name=f'reverb-writer-{table}',
                                     daemon=True)
@@ -157,48 +175,130 @@ class ReverbSequenceWriter:
     return self._queue.qsize()
 
   def _loop(self) -> None:
+    # The replay node may still be starting: wait quietly for its first answer.
+    while not self._closed.is_set() and not self._server_reachable():
+      self._closed.wait(0.5)
+    while not self._closed.is_set():
+      try:
+        self._write_until_failure()
+        return
+      except BaseException as e:  # pylint: disable=broad-except
+        if self._closed.is_set():
+          return
+        if not (isinstance(e, ConnectionError) or _is_connection_error(e)
+                or not self._server_reachable()):
+          logging.exception('Reverb writer for table %r failed', self._table)
+          self.error = e
+          return
+        self._wait_for_server(e)
+
+  def _write_until_failure(self) -> None:
     # No `with`: the context manager's exit flushes without a timeout, which would hang
     # shutdown while the table is full.
-    writer = None
     try:
       writer = self._client.trajectory_writer(num_keep_alive_refs=1)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConnectionError(f'could not open a stream: {e}') from e
+    try:
       while not self._closed.is_set():
-        try:
-          items = [self._queue.get(timeout=0.1)]
-        except queue.Empty:
-          continue
+        if self._in_flight:
+          items = self._in_flight  # unconfirmed when the last stream was lost: again
+        else:
+          try:
+            items = [self._queue.get(timeout=0.1)]
+          except queue.Empty:
+            continue
         while len(items) < 32:
           try:
             items.append(self._queue.get_nowait())
           except queue.Empty:
             break
+        self._in_flight = items
         for priority, item in items:
           writer.append(item)
           writer.create_item(self._table, float(priority),
                              tree.map_structure(lambda col: col[-1], writer.history))
         self._flush(writer)
         self.items_written += len(items)
-    except BaseException as e:  # pylint: disable=broad-except
-      if not self._closed.is_set():
-        logging.exception('Reverb writer for table %r failed', self._table)
-        self.error = e
+        self._in_flight = []
     finally:
-      if writer is not None:
-        try:
-          writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
-        except Exception:  # pylint: disable=broad-except
-          pass
+      try:
+        writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
+      except Exception:  # pylint: disable=broad-except
+        pass
+      try:
         writer.close()
+      except Exception:  # pylint: disable=broad-except
+        pass
+
+  def _server_reachable(self, timeout_s: int = 2) -> bool:
+    try:
+      self._client.server_info(timeout=timeout_s)
+      return True
+    except Exception:  # pylint: disable=broad-except
+      return False
+
+  def _wait_for_server(self, error: BaseException) -> None:
+    """The replay server is gone (crashed, restarting): one line now, one when it is back.
+
+    The items whose flush was not confirmed are written again on the new stream (a
+    few may then be in the table twice); the queue keeps what inference hands over
+    until it is full, then inference waits.
+    """
+    self.reconnects += 1
+    logging.warning('Reverb server for table %r unreachable (%s: %s); %d unconfirmed '
+                    'items will be written again; reconnecting', self._table,
+                    type(error).__name__, str(error).splitlines()[0][:200] if str(error) else '',
+                    len(self._in_flight))
+    self.items_rewritten += len(self._in_flight)
+    started = time.monotonic()
+    while not self._closed.is_set() and not self._server_reachable():
+      self._closed.wait(0.5)
+    if not self._closed.is_set():
+      logging.info('Reverb server for table %r reachable again after %.1fs', self._table,
+                   time.monotonic() - started)
 
   def _flush(self, writer) -> None:
+    stalled_since = time.monotonic()
     while not self._closed.is_set():
       try:
         writer.flush(timeout_ms=self._flush_timeout_ms)
         return
       except Exception as e:  # pylint: disable=broad-except
         if 'DeadlineExceeded' in type(e).__name__ or 'did not complete' in str(e):
-          continue  # Table full: the rate limiter is holding us back.
+          # The table is full (its rate limiter holds us back) -- or our stream died
+          # with the server, which a flush shows only as a timeout, also after a new
+          # server took the port. Every few seconds, look which one it is.
+          if time.monotonic() - stalled_since > self._stall_check_s:
+            if self._stream_lost():
+              raise ConnectionError('no flush for %.0fs and the table would accept '
+                                    'inserts (or the server does not answer): the stream '
+                                    'is lost' % (time.monotonic() - stalled_since)) from e
+            stalled_since = time.monotonic()
+          continue
         raise
+
+  def _table_accepts_inserts(self) -> bool:
+    """Whether the table's rate limiter would admit an insert now (raises if unreachable)."""
+    info = self._client.server_info(timeout=2)[self._table]
+    limiter = info.rate_limiter_info
+    if info.current_size < limiter.min_size_to_sample:
+      return True
+    diff = ((limiter.insert_stats.completed + 1) * limiter.samples_per_insert
+            - limiter.sample_stats.completed)
+    return diff <= limiter.max_diff
+
+  def _stream_lost(self) -> bool:
+    """A stalled flush while the server answers and would take inserts: stream lost."""
+    try:
+      # Twice, a moment apart: a sample may just have made room for our own insert.
+      if not self._table_accepts_inserts():
+        return False
+      time.sleep(0.5)
+      return self._table_accepts_inserts()
+    except Exception:  # pylint: disable=broad-except
+      return True  # the server does not answer
+
 
   def wait_until_written(self, timeout_s: float = 10.0) -> bool:
     """Waits until every item queued so far is in Reverb; False on timeout or failure.
@@ -239,7 +339,9 @@ class ReverbSequenceSink:
     return {'sequences': self.assembler.sequences_emitted,
             'items_written': self.writer.items_written,
             'writer_pending': self.writer.pending,
-            'writer_blocked_s': self.writer.blocked_seconds}
+            'writer_blocked_s': self.writer.blocked_seconds,
+            'items_rewritten': self.writer.items_rewritten,
+            'writer_reconnects': self.writer.reconnects}
 
   def wait_until_written(self, timeout_s: float = 10.0) -> bool:
     """Waits until every sequence emitted so far is in Reverb (see the writer's)."""

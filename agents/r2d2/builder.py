@@ -35,6 +35,10 @@ class R2D2Builder(builder_lib.SeedBuilder):
   def __init__(self, config: R2D2Config = R2D2Config()):
     self.config = config
 
+  @property
+  def replay_checkpoint_interval_s(self) -> float | None:
+    return self.config.replay_checkpoint_interval_s
+
   def _network(self, spec: EnvSpec) -> networks.RecurrentQNetwork:
     c = self.config
     return networks.RecurrentQNetwork(spec.num_actions, c.hidden_sizes, c.lstm_size, c.dueling,

@@ -27,6 +27,9 @@ class R2D2Config:
     evaluation_epsilon: epsilon of the greedy evaluator's envs.
     replay_size: sequences kept in the prioritized table.
     min_replay_size: sequences in the table before sampling starts.
+    replay_checkpoint_interval_s: the replay node checkpoints the table this often and
+      a restarted replay node restores the latest checkpoint (None: a restarted replay
+      node starts empty and refills).
     samples_per_insert: if set, a SampleToInsertRatio limiter ties acting to learning
       (blocking inference when actors run ahead); None: only `min_replay_size`.
     reward_clip: clip rewards to [-reward_clip, reward_clip] in the loss.
@@ -55,6 +58,7 @@ class R2D2Config:
   replay_size: int = 100_000
   min_replay_size: int = 1_000
   samples_per_insert: float | None = None
+  replay_checkpoint_interval_s: float | None = 30.0
   reward_clip: float | None = None
   seed: int = 0
 

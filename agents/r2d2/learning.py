@@ -3,6 +3,7 @@ then new priorities back to Reverb and a periodic target-network copy."""
 
 from typing import Any, Dict
 
+from absl import logging
 import dm_env
 import numpy as np
 import sonnet as snt
@@ -69,6 +70,8 @@ class R2D2Learner(Learner):
     self._optimizer = snt.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.priority_updates = 0
+    self.priority_updates_lost = 0
+    self._priorities_failing = False
     self._train = tf.function(self._train_step, experimental_relax_shapes=True)
     self.update_target()
 
@@ -105,13 +108,24 @@ class R2D2Learner(Learner):
     priorities, metrics = self._train(batch, weights)
     if self._client is not None:
       keys = info.key.numpy()
-      self._client.mutate_priorities(
-          self._table, updates=dict(zip(keys.tolist(), priorities.numpy().tolist())))
-      self.priority_updates += len(keys)
+      try:
+        self._client.mutate_priorities(
+            self._table, updates=dict(zip(keys.tolist(), priorities.numpy().tolist())))
+        self.priority_updates += len(keys)
+        self._priorities_failing = False
+      except Exception as e:  # pylint: disable=broad-except
+        # The replay node is down (being restarted): these updates are lost; the
+        # dataset notices the outage too. Count them instead of failing, log once.
+        self.priority_updates_lost += len(keys)
+        if not self._priorities_failing:
+          logging.warning('Priority updates failed (%s: the replay node is down?); '
+                          'counting the lost ones', type(e).__name__)
+        self._priorities_failing = True
     if int(self.num_steps.numpy()) % self._config.target_update_period == 0:
       self.update_target()
     out = {k: float(np.asarray(v)) for k, v in metrics.items()}
     out['priority_updates'] = float(self.priority_updates)
+    out['priority_updates_lost'] = float(self.priority_updates_lost)
     return out
 
   def step(self) -> Dict[str, float] | None:

@@ -134,3 +134,76 @@ def test_slow_learner_blocks_actors_and_memory_stays_flat(tmp_path):
   assert rate < 2500, rate
   # Memory of the whole program stays flat while it is throttled.
   assert second < first * 1.05 + 20, (first, second)
+
+
+def _replay_log_count(run: Run, text: str) -> int:
+  return sum(text in line for line in run.node_log('learner/0').splitlines())
+
+
+@pytest.mark.timeout(300)
+def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
+  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '200', '--target_return', '0.9',
+             '--progress_interval_s', '1'], str(tmp_path))
+  try:
+    assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
+        run.output[-3000:]
+    victim = _supervised_child(run, 'replay/0')
+    os.kill(victim, signal.SIGKILL)
+    # The writer and the dataset each notice, then see the new server.
+    back = lambda: 'reachable again' in run.node_log('learner/0')  # noqa: E731
+    assert _wait_for(back, 60, run), run.node_log('learner/0')[-3000:]
+    steps_after_restart = run.progress()[-1]['learner_steps']
+    code = run.wait(240)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers, leftovers
+  assert f'child {victim} died (exit code -9); restart #1' in run.node_log('replay/0')
+  # One line when it went, one when it was back: no error storm.
+  assert _replay_log_count(run, 'unreachable') <= 2, run.node_log('learner/0')[-3000:]
+  assert _replay_log_count(run, 'Traceback') == 0
+  summary = run.json('summary.json')
+  assert summary['trajectory_writer_reconnects'] == 1
+  assert summary['learner_steps'] > steps_after_restart  # the learner went on
+  assert 'target' in summary['stopped_because']
+  assert target_value(summary) >= 0.9
+
+
+def _replay_checkpoints(run: Run) -> list:
+  """Completed Reverb checkpoints in the replay node's directory (under the run's TMPDIR)."""
+  root = os.path.join(os.path.dirname(run.logdir), 'tmp')
+  return [os.path.join(root, d, c) for d in os.listdir(root) if d.startswith('seedacme_reverb_')
+          for c in os.listdir(os.path.join(root, d))]
+
+
+@pytest.mark.timeout(300)
+def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
+  run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '85', '--num_eval_envs', '0',
+             '--progress_interval_s', '1', '--agent_config', 'replay_checkpoint_interval_s=3',
+             '--agent_config', 'min_replay_size=200'], str(tmp_path))
+  try:
+    ready = lambda: (any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
+                     and _replay_checkpoints(run))
+    assert _wait_for(ready, 150, run), run.output[-3000:]
+    time.sleep(4)  # a checkpoint taken while learning
+    victim = _supervised_child(run, 'replay/0')
+    os.kill(victim, signal.SIGKILL)
+    restored = lambda: 'restored the latest checkpoint' in run.node_log('replay/0')  # noqa: E731
+    assert _wait_for(restored, 60, run), run.node_log('replay/0')[-3000:]
+    steps_after_restart = run.progress()[-1]['learner_steps']
+    code = run.wait(200)
+  finally:
+    leftovers = run.wait_for_no_leftovers()
+  assert code == 0, run.output[-3000:]
+  assert not leftovers, leftovers
+  replay_log = run.node_log('replay/0')
+  assert f'child {victim} died (exit code -9); restart #1' in replay_log
+  line = next(x for x in replay_log.splitlines() if 'restored the latest checkpoint' in x)
+  restored_size = int(line.rsplit(':', 1)[1].strip(' }'))
+  assert restored_size >= 200, line  # the replay came back full, not empty
+  summary = run.json('summary.json')
+  assert summary['learner_steps'] > steps_after_restart  # learning went on
+  assert summary['learner_priority_updates'] > 0
+  assert not os.listdir(os.path.join(os.path.dirname(run.logdir), 'tmp')) or \
+      not any(d.startswith('seedacme_reverb_')
+              for d in os.listdir(os.path.join(os.path.dirname(run.logdir), 'tmp')))

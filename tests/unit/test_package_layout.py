@@ -96,3 +96,16 @@ def test_mapped_names_resolve_in_a_fresh_interpreter(tmp_path):
               os.path.join(SOURCE_ROOT, 'envs', '__init__.py'),
               os.path.join(SOURCE_ROOT, 'launchers', '__init__.py')]
   assert out.splitlines() == expected
+
+
+def test_the_forbidden_source_guard_stops_an_import_from_the_checkout():
+  # What the emulated Vertex cluster relies on to prove its replicas import only copies.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(seedacme.__file__)))
+  for forbidden, statement in ((os.path.join(root, 'seedacme'), 'import seedacme'),
+                               (os.path.join(root, 'agents'), 'import seedacme.agents.vtrace')):
+    done = subprocess.run([sys.executable, '-c', statement], capture_output=True, text=True,
+                          env=dict(os.environ, SEEDACME_FORBIDDEN_SOURCE=forbidden), timeout=60)
+    assert done.returncode == 3 and 'from the checkout' in done.stderr, done.stderr[-500:]
+  done = subprocess.run([sys.executable, '-c', 'import seedacme.agents.vtrace'], timeout=60,
+                        env=dict(os.environ, SEEDACME_FORBIDDEN_SOURCE='/nonexistent'))
+  assert done.returncode == 0

@@ -33,3 +33,31 @@ def test_format_line_handles_missing_fields():
                       'learner_priority_updates': 64.0, 'replay_size': 5})
   assert '1,234' in line and 'return -' in line and 'priority updates 64' in line
   assert 'priority updates' not in format_line({})
+
+
+def test_a_remote_logdir_gets_progress_curves_and_checkpoints_through_gfile():
+  # `ram://` is TensorFlow's in-memory file system: the same `tf.io.gfile` layer a
+  # `gs://` logdir goes through on Vertex AI, without a bucket.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from seedacme.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
+  logdir = 'ram://seedacme_test_remote_logdir'
+  writer = ProgressWriter(logdir)
+  for i in range(3):
+    writer.write({'elapsed_s': 1.0 * i, 'env_steps': 10 * i, 'average_return': 0.5 * i})
+  writer.write_summary({'stopped_because': 'done'})
+  assert [r['env_steps'] for r in read_progress(logdir)] == [0, 10, 20]
+  with tf.io.gfile.GFile(f'{logdir}/summary.json') as f:
+    assert json.load(f)['stopped_because'] == 'done'
+  paths = write_curves(logdir, 'remote')
+  with tf.io.gfile.GFile(paths['csv']) as f:
+    assert len(f.read().splitlines()) == 4
+  with tf.io.gfile.GFile(paths['png'], 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  weights = tf.Variable([1.0, 2.0])
+  saver = Checkpointer(f'{logdir}/checkpoints', {'weights': weights})
+  saver.save({'learner_steps': 7, 'env_steps': 70, 'episodes': 3})
+  weights.assign([0.0, 0.0])
+  restored = Checkpointer(f'{logdir}/checkpoints', {'weights': weights}).restore()
+  assert restored == {'learner_steps': 7, 'env_steps': 70, 'episodes': 3}
+  assert weights.numpy().tolist() == [1.0, 2.0]
+  tf.io.gfile.rmtree(logdir)

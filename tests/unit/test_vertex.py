@@ -23,7 +23,7 @@ def test_atari_vtrace_64_actors_gpu_learner(capsys):
   assert by_group['learner']['replicas'] == 1 and by_group['learner']['groups'] == {'learner': 1}
   assert by_group['actor']['groups']['actor'] == 64
   assert by_group['actor']['hardware']['accelerator'] is None
-  assert sum(p['replicas'] for p in pools) == 64 + 4  # actors + learner, replay, counter, eval
+  assert sum(p['replicas'] for p in pools) == 64 + 3  # actors + learner, replay, evaluator
   assert all(p['image'] == 'python:3.10' and p['requirements'].endswith('lock.txt')
              for p in pools)
   # The replay pool is sized for 256 unrolls of 21 x 84x84x4 frames (~0.3 GiB) + slack.

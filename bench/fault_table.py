@@ -1,0 +1,134 @@
+"""Measures what a `kill -9` of each node type costs a running program (README's fault table).
+
+One `run_local catch vtrace 2 8` run; at a random moment within each window the script
+kills the work process (the supervisor's child) of actor/0, evaluator/0, the central
+node and the replay node, one after the other. For each it reports the time until
+acting is back to 90 % of its throughput over the 10 s before the kill, and what was
+lost (learner steps since the central node's last checkpoint; the unrolls in the
+V-trace queue for the replay node), and at the end whether the run still reached its
+target. Progress records are stamped with wall-clock time as they are read (the
+central node's own clock restarts with it), so times are good to about 0.5 s.
+
+    .venv/bin/python bench/fault_table.py [--window_s 40] [--out bench/results/fault_table.json]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.integration.launch import Run, leftover_processes  # noqa: E402
+
+NODES = ('actor/0', 'evaluator/0', 'learner/0', 'replay/0')
+
+
+def supervised_child(run: Run, node: str) -> int:
+  log = os.path.join(run.logdir, 'nodes', node)
+  for pid in leftover_processes(run.tag):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read().split(b'\0')
+      if b'seedacme.supervisor' in cmdline and os.readlink(f'/proc/{pid}/fd/1') == log:
+        return pid
+    except OSError:
+      continue
+  raise RuntimeError(f'no supervised child for {node}')
+
+
+class Stamped:
+  """Progress records of a run, each stamped with the wall time it was first seen."""
+
+  def __init__(self, run: Run):
+    self._run = run
+    self.records = []
+
+  def poll(self):
+    new = self._run.progress()[len(self.records):]
+    now = time.time()
+    self.records.extend(dict(r, wall=now) for r in new)
+
+  def rate_between(self, t0: float, t1: float) -> float | None:
+    inside = [r for r in self.records if t0 <= r['wall'] <= t1]
+    if len(inside) < 2:
+      return None
+    steps = sum(max(0, b['env_steps'] - a['env_steps']) for a, b in zip(inside, inside[1:]))
+    return steps / max(inside[-1]['wall'] - inside[0]['wall'], 1e-9)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--window_s', type=float, default=40.0)
+  parser.add_argument('--warmup_s', type=float, default=30.0)
+  parser.add_argument('--seed', type=int, default=None)
+  parser.add_argument('--out', default='bench/results/fault_table.json')
+  args = parser.parse_args()
+  rng = random.Random(args.seed)
+  workdir = tempfile.mkdtemp(prefix='fault_table_')
+  total = args.warmup_s + args.window_s * len(NODES) + 20
+  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', str(total), '--progress_interval_s',
+             '0.5', '--checkpoint_interval_s', '10'], workdir)
+  stamped = Stamped(run)
+  rows = []
+  try:
+    start = time.time()
+
+    def wait_until(t):
+      while time.time() < t:
+        stamped.poll()
+        time.sleep(0.25)
+
+    for i, node in enumerate(NODES):
+      window = start + args.warmup_s + i * args.window_s
+      kill_at = window + rng.uniform(0, args.window_s / 2)
+      wait_until(kill_at)
+      before = stamped.rate_between(kill_at - 10, kill_at)
+      last = stamped.records[-1]
+      victim = supervised_child(run, node)
+      os.kill(victim, signal.SIGKILL)
+      killed = time.time()
+      back = None
+      while time.time() < killed + args.window_s / 2 + 5:
+        wait_until(time.time() + 0.5)
+        now = time.time()
+        if now - 2.5 < killed:
+          continue  # only windows that start after the kill
+        rate = stamped.rate_between(now - 2.5, now)
+        if rate is not None and before and rate >= 0.9 * before:
+          back = now - 2.5 - killed  # the start of the first 2.5-s window back at 90 %
+          break
+      rows.append({'node': node, 'killed_at_s': round(killed - start, 1),
+                   'throughput_before': round(before or 0), 'back_after_s':
+                   None if back is None else round(max(back, 0.0), 1),
+                   'learner_steps_at_kill': last['learner_steps'],
+                   'replay_size_at_kill': last.get('replay_size')})
+      print(rows[-1], flush=True)
+    code = run.wait(total + 120)
+  finally:
+    left = run.wait_for_no_leftovers()
+  summary = run.json('summary.json') or {}
+  resumed = [json.loads(line)['event'] for line in open(os.path.join(run.logdir, 'progress.jsonl'))
+             if '"event"' in line]
+  result = {'rows': rows, 'exit_code': code, 'leftovers': left,
+            'final_average_return': summary.get('average_return'),
+            'stopped_because': summary.get('stopped_because'),
+            'trajectory_writer_reconnects': summary.get('trajectory_writer_reconnects'),
+            'actor_restarts': summary.get('actor_restarts'), 'events': resumed,
+            'records': [{k: r.get(k) for k in ('wall', 'env_steps', 'learner_steps',
+                                               'replay_size', 'average_return')}
+                        for r in stamped.records]}
+  print(json.dumps({k: v for k, v in result.items() if k != 'records'}, indent=1))
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, 'w') as f:
+    json.dump(result, f, indent=1)
+  shutil.rmtree(workdir, ignore_errors=True)
+  return 0 if code == 0 and not left else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

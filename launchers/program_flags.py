@@ -1,0 +1,146 @@
+"""The program's flags, defined once for every launcher (`run_local`, `vertex`).
+
+A program is the same whichever launcher starts it: env, agent, actors, budgets,
+evaluation, checkpoints, agent and env overrides. `add_program_args` adds those flags
+to a launcher's parser (launch-specific flags -- hardware, network, dry run -- stay in
+the launcher) and `make_program_inputs` turns parsed flags into the env factory, spec,
+builder and `ProgramConfig`, with a clear error (`ProgramArgsError`) naming a bad flag.
+"""
+
+import argparse
+import ast
+from typing import Any, Dict, List, Tuple
+
+from seedacme import envs
+from seedacme.agents import registry as agents
+from seedacme.config import ProgramConfig
+from seedacme.envs.registry import ENGINES
+
+
+class ProgramArgsError(ValueError):
+  """A program flag that cannot be used (the message names it)."""
+
+
+def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
+                     max_seconds: float = 120.0, logdir_help: str = '') -> None:
+  """Adds the program's flags; the defaults that differ per launcher are arguments."""
+  parser.add_argument('env', choices=envs.ENV_NAMES)
+  parser.add_argument('agent', choices=agents.AGENT_NAMES)
+  parser.add_argument('num_actors', type=int)
+  parser.add_argument('envs_per_actor', type=int, nargs='?', default=envs_per_actor)
+  parser.add_argument('--max_seconds', type=float, default=max_seconds,
+                      help='stop after this long (0: no limit)')
+  parser.add_argument('--max_learner_steps', type=int, default=0, help='0: no limit')
+  parser.add_argument('--max_env_steps', type=int, default=0, help='0: no limit')
+  parser.add_argument('--target_return', type=float, default=None,
+                      help='stop once the average return reaches this')
+  parser.add_argument('--target_on', choices=('train', 'eval'), default='train',
+                      help='which return --target_return watches: training episodes '
+                      '(last 100) or the greedy evaluator (last 20)')
+  parser.add_argument('--num_eval_envs', type=int, default=4)
+  parser.add_argument('--eval_interval_s', type=float, default=0.0,
+                      help='evaluate --eval_episodes greedy episodes this often (0: always)')
+  parser.add_argument('--eval_episodes', type=int, default=20)
+  parser.add_argument('--inference_batch_envs', type=int, default=0,
+                      help='the policy runs as soon as it is free and this many envs wait '
+                      '(1: whatever is queued; 0: the default of ProgramConfig)')
+  parser.add_argument('--inference_timeout_ms', type=float, default=2.0,
+                      help='... or once the first waiting request is this old')
+  parser.add_argument('--logdir', default=None, help=logdir_help)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--game', default=None, help='Atari game (default Pong)')
+  parser.add_argument('--env_engine', choices=ENGINES, default='python',
+                      help="how actors step their envs: python (a loop over K envs), "
+                      "vector_sync/vector_async (Atari only: ale-py's C++ engine, all K at "
+                      "once or two halves of K/2 overlapped with inference)")
+  parser.add_argument('--level', default=None,
+                      help='DMLab level (a DMLab-30 name or a level script path)')
+  parser.add_argument('--scenario', default=None,
+                      help='Football scenario (default 11_vs_11_easy_stochastic)')
+  parser.add_argument('--env_config', action='append', default=[], metavar='ARG=VALUE',
+                      help="an extra argument of the env's factory, e.g. --env_config "
+                      "representation=simple115v2 (repeatable; like --agent_config)")
+  parser.add_argument('--progress_interval_s', type=float, default=5.0)
+  parser.add_argument('--learner_step_delay_s', type=float, default=0.0,
+                      help='testing: pause after each learner step (a slow learner)')
+  parser.add_argument('--inference', choices=('central', 'actor'), default='central',
+                      help="central: SEED, one batched policy on the learner node for all "
+                      "actors; actor: Acme's pattern, every actor runs its own network copy "
+                      "and pulls parameters from the learner")
+  parser.add_argument('--variable_update_period', type=int, default=100,
+                      help='--inference actor: fetch parameters every this many calls')
+  parser.add_argument('--acting_only', action='store_true',
+                      help='no learner and no trajectories: measures acting throughput')
+  parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE',
+                      help="override a field of the agent's config dataclass, e.g. "
+                      "--agent_config torso=impala_resnet --agent_config "
+                      "learning_rate=3e-4 (repeatable; values are Python literals or "
+                      "strings)")
+  parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
+                      help='checkpoint period; a rerun with the same --logdir resumes '
+                      '(0: no checkpoints)')
+
+
+def parse_overrides(items: List[str]) -> Dict[str, Any]:
+  """`['torso=impala_resnet', 'hidden_sizes=(64, 64)']` -> config overrides."""
+  overrides = {}
+  for item in items:
+    key, sep, text = item.partition('=')
+    if not sep or not key.strip():
+      raise ValueError(f'expected FIELD=VALUE, got {item!r}')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text  # a bare string such as impala_resnet
+    overrides[key.strip()] = value
+  return overrides
+
+
+def make_program_inputs(args: argparse.Namespace, logdir: str,
+                        accelerator: str | None = None
+                        ) -> Tuple[Any, envs.EnvSpec, Any, ProgramConfig]:
+  """(env factory, env spec, builder, config) of the program the flags describe.
+
+  Creates one env here to learn its spec. Raises `ProgramArgsError` naming the flag.
+  """
+  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game),
+                                  ('scenario', args.scenario)) if v}
+  if args.env_engine != 'python':
+    env_kwargs['engine'] = args.env_engine  # the factory carries it to the actors
+  try:
+    env_kwargs.update(parse_overrides(args.env_config))
+    factory = envs.make_factory(args.env, **env_kwargs)
+  except ValueError as e:  # e.g. --env_engine vector_sync for a non-Atari env
+    raise ProgramArgsError(str(e)) from e
+  try:
+    probe = factory(args.seed)
+  except (ImportError, TypeError, ValueError) as e:  # a module to build; bad --env_config
+    raise ProgramArgsError(f'cannot create {args.env!r}: {e}') from e
+  spec = envs.env_spec_of(probe)
+  if hasattr(probe, 'close'):
+    probe.close()
+  try:
+    builder = agents.make_builder(args.agent, args.env,
+                                  num_train_envs=args.num_actors * args.envs_per_actor,
+                                  **parse_overrides(args.agent_config))
+  except (TypeError, ValueError) as e:
+    raise ProgramArgsError(f'bad --agent_config: {e}') from e
+  config = ProgramConfig(
+      num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
+      num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,
+      eval_episodes=args.eval_episodes, inference_timeout_ms=args.inference_timeout_ms,
+      inference_batch_envs=args.inference_batch_envs or None,
+      max_seconds=args.max_seconds or None,
+      max_learner_steps=args.max_learner_steps or None,
+      max_env_steps=args.max_env_steps or None, target_return=args.target_return,
+      target_on=args.target_on,
+      logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
+      checkpoint_interval_s=args.checkpoint_interval_s or None,
+      learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
+      variable_update_period=args.variable_update_period, train=not args.acting_only,
+      accelerator=accelerator)
+  try:
+    config.validate()
+  except ValueError as e:
+    raise ProgramArgsError(str(e)) from e
+  return factory, spec, builder, config

@@ -1,0 +1,97 @@
+"""A Reverb server killed and restarted on its port (what the supervised replay node does):
+the trajectory writer and the learner's dataset reconnect by themselves, and a restarted
+server loads the latest checkpoint the replay process wrote."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+
+_SERVER = '''
+import sys, threading
+import reverb, tensorflow as tf
+from absl import logging
+from seedacme import supervisor
+logging.set_verbosity(logging.INFO)  # as the supervised child sets it
+port, ckdir = int(sys.argv[1]), sys.argv[2]
+tables = lambda: [reverb.Table.queue('q', 1000, signature={'x': tf.TensorSpec((3,), tf.float32)})]
+supervisor.serve_replay(threading.Event(), port, tables, ckdir, grace_s=0.0,
+                        checkpoint_interval_s=0.5)
+'''
+
+
+class _Server:
+  """`supervisor.serve_replay` in a subprocess, as the replay node's child runs it."""
+
+  def __init__(self, port, checkpoint_dir, log_path):
+    self._log = open(log_path, 'a')
+    self.proc = subprocess.Popen([sys.executable, '-c', _SERVER, str(port), checkpoint_dir],
+                                 stdout=self._log, stderr=subprocess.STDOUT)
+
+  def kill(self):
+    os.kill(self.proc.pid, signal.SIGKILL)
+    self.proc.wait()
+    self._log.close()
+
+
+def _wait(predicate, timeout_s):
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.1)
+  return False
+
+
+@pytest.mark.timeout(120)
+def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path):
+  import reverb  # pylint: disable=g-import-not-at-top
+  from seedacme.datasets import ReverbBatches  # pylint: disable=g-import-not-at-top
+  from seedacme.trajectories import ReverbSequenceWriter  # pylint: disable=g-import-not-at-top
+
+  port = portpicker.pick_unused_port()
+  checkpoint_dir = str(tmp_path / 'checkpoints')
+  os.makedirs(checkpoint_dir)
+  log = str(tmp_path / 'server.log')
+  server = _Server(port, checkpoint_dir, log)
+  client = reverb.Client(f'localhost:{port}')
+  writer = batches = None
+  try:
+    client.server_info(timeout=60)
+    size = lambda: client.server_info(timeout=2)['q'].current_size  # noqa: E731
+    writer = ReverbSequenceWriter(client, 'q', lambda s: [(1.0, {'x': x}) for x in s],
+                                  stall_check_s=1.0)
+    batches = ReverbBatches(f'localhost:{port}', 'q', 4, timeout_ms=500)
+    writer.write(np.ones((12, 3), np.float32))
+    assert writer.wait_until_written(10)
+    assert _wait(lambda: size() == 12, 5)
+    time.sleep(1.5)  # a checkpoint holding those 12
+    server.kill()
+
+    # While the server is down: the dataset answers None (not an exception, not a hang),
+    # and the writer keeps what it is handed.
+    started = time.monotonic()
+    assert batches.next() is None and batches.next() is None
+    assert time.monotonic() - started < 10
+    writer.write(np.full((4, 3), 2.0, np.float32))
+    server = _Server(port, checkpoint_dir, log)
+    assert _wait(lambda: writer.reconnects == 1 and writer.items_written == 16, 60), \
+        (writer.reconnects, writer.items_written, writer.items_rewritten, open(log).read()[-2000:])
+    assert writer.error is None
+    # The 12 restored from the checkpoint plus the 4 written after the restart.
+    assert _wait(lambda: size() == 16, 10), size()
+    assert 'restored the latest checkpoint' in open(log).read()
+    assert _wait(lambda: batches.next() is not None, 30)  # sampling again
+    # Only the newest checkpoint is kept.
+    assert len(os.listdir(checkpoint_dir)) <= 2
+  finally:
+    if writer is not None:
+      writer.close()
+    if batches is not None:
+      batches.close()
+    server.kill()
