@@ -77,6 +77,7 @@ def main() -> int:
              'leftover_processes': len(result['leftovers']),
              'load_1m_at_end': result['load_1m_at_end']}
       row.update({f'{g}_rss_mb': run.node_rss(g) for g in GROUPS})
+      row['counter_rss_mb'] = None  # published field; the counter node is gone
       rows.append(row)
       outcome = f"solved in {row['time_to_target_s']:.0f}s" if solved else 'not solved'
       print(f"time_to_solve: {env} {agent} {mode}: {outcome} "
