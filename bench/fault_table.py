@@ -23,22 +23,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.integration.launch import Run, leftover_processes  # noqa: E402
+from tests.integration.launch import Run, supervised_child  # noqa: E402
 
 NODES = ('actor/0', 'evaluator/0', 'learner/0', 'replay/0')
-
-
-def supervised_child(run: Run, node: str) -> int:
-  log = os.path.join(run.logdir, 'nodes', node)
-  for pid in leftover_processes(run.tag):
-    try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmdline = f.read().split(b'\0')
-      if b'seedacme.supervisor' in cmdline and os.readlink(f'/proc/{pid}/fd/1') == log:
-        return pid
-    except OSError:
-      continue
-  raise RuntimeError(f'no supervised child for {node}')
 
 
 class Stamped:

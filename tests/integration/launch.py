@@ -36,6 +36,20 @@ def leftover_processes(tag: str) -> List[int]:
   return pids
 
 
+def supervised_child(run: 'Run', node: str) -> int:
+  """Pid of the process doing `node`'s work (the supervisor's child), found by its log."""
+  log = os.path.join(run.logdir, 'nodes', node)
+  for pid in leftover_processes(run.tag):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read().split(b'\0')
+      if b'seedacme.supervisor' in cmdline and os.readlink(f'/proc/{pid}/fd/1') == log:
+        return pid
+    except OSError:
+      continue
+  raise AssertionError(f'no supervised child for {node}')
+
+
 def checkpointed_learner_step(logdir: str) -> int | None:
   """Learner step of the latest checkpoint under `<logdir>/checkpoints` (None: none yet)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

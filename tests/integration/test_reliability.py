@@ -7,23 +7,9 @@ import time
 import pytest
 
 from tests.integration.launch import (Run, checkpointed_learner_step, leftover_processes,
-                                      target_value)
+                                      supervised_child, target_value)
 
 pytestmark = pytest.mark.integration
-
-
-def _supervised_child(run: Run, node: str) -> int:
-  """Pid of the process doing `node`'s work (the supervisor's child)."""
-  log = os.path.join(run.logdir, 'nodes', node)
-  for pid in leftover_processes(run.tag):
-    try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmdline = f.read().split(b'\0')
-      if b'seedacme.supervisor' in cmdline and os.readlink(f'/proc/{pid}/fd/1') == log:
-        return pid
-    except OSError:
-      continue
-  raise AssertionError(f'no supervised child for {node}')
 
 
 def _wait_for(predicate, timeout, run):
@@ -46,7 +32,7 @@ def test_killed_actor_is_restarted_and_learning_continues(tmp_path):
     # a change (a slow start can keep one actor waiting while the others are served).
     assert _wait_for(lambda: 'first answer from the inference server' in
                      run.node_log('actor/0'), 60, run), run.output[-3000:]
-    victim = _supervised_child(run, 'actor/0')
+    victim = supervised_child(run, 'actor/0')
     os.kill(victim, signal.SIGKILL)
     code = run.wait(300)
   finally:
@@ -71,7 +57,7 @@ def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_p
   try:
     saved_any = lambda: (checkpointed_learner_step(logdir) or 0) > 0  # noqa: E731
     assert _wait_for(saved_any, 150, run), run.output[-3000:]
-    victim = _supervised_child(run, 'learner/0')
+    victim = supervised_child(run, 'learner/0')
     os.kill(victim, signal.SIGKILL)
     saved = checkpointed_learner_step(logdir)
     code = run.wait(360)
@@ -147,7 +133,7 @@ def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
   try:
     assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
         run.output[-3000:]
-    victim = _supervised_child(run, 'replay/0')
+    victim = supervised_child(run, 'replay/0')
     os.kill(victim, signal.SIGKILL)
     # The writer and the dataset each notice, then see the new server.
     back = lambda: 'reachable again' in run.node_log('learner/0')  # noqa: E731
@@ -186,7 +172,7 @@ def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
                      and _replay_checkpoints(run))
     assert _wait_for(ready, 150, run), run.output[-3000:]
     time.sleep(4)  # a checkpoint taken while learning
-    victim = _supervised_child(run, 'replay/0')
+    victim = supervised_child(run, 'replay/0')
     os.kill(victim, signal.SIGKILL)
     restored = lambda: 'restored the latest checkpoint' in run.node_log('replay/0')  # noqa: E731
     assert _wait_for(restored, 60, run), run.node_log('replay/0')[-3000:]
