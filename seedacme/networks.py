@@ -124,6 +124,10 @@ class NatureCNN(snt.Module):
                    Conv2D(64, 3, stride=1, padding='VALID', w_init=ortho)]
     self._linear = snt.Linear(512, w_init=ortho)
 
+  @property
+  def convs(self) -> list:
+    return list(self._convs)
+
   def __call__(self, observation: tf.Tensor) -> tf.Tensor:
     x = to_float(observation)
     for conv in self._convs:

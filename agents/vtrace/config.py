@@ -16,7 +16,12 @@ class VTraceConfig:
       frames; 'football' is SEED's torso for the stacked football SMM).
     hidden_sizes: MLP torso layer sizes.
     lstm_size: LSTM core size (network='lstm').
-    learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
+    optimizer: 'adam' (SEED's) or 'rmsprop' (IMPALA's TF1 RMSprop, agents/vtrace/optimizers.py).
+    learning_rate, max_gradient_norm: both optimizers.
+    adam_epsilon: Adam's epsilon (outside the square root).
+    rmsprop_decay, rmsprop_momentum, rmsprop_epsilon, rmsprop_initial_ms: RMSprop; the
+      defaults are IMPALA's Atari settings translated to a loss averaged over transitions.
+    jit_compile: compile the learner step with XLA (bench/learner_speed.py measures it).
     discount: gamma.
     baseline_cost: weight of 0.5 * (vs - V)^2.
     entropy_cost: weight of the entropy bonus.
@@ -32,8 +37,16 @@ class VTraceConfig:
   torso: str = 'mlp'
   hidden_sizes: Tuple[int, ...] = (64, 64)
   lstm_size: int = 64
+  optimizer: str = 'adam'
   learning_rate: float = 1e-3
   adam_epsilon: float = 1e-7
+  # IMPALA's 0.99, 0, 0.01 and 1.0 for a sum over 640 transitions, per transition
+  # (agents/vtrace/optimizers.py).
+  rmsprop_decay: float = 0.99
+  rmsprop_momentum: float = 0.0
+  rmsprop_epsilon: float = 0.01 / 640 ** 2
+  rmsprop_initial_ms: float = 1.0 / 640 ** 2
+  jit_compile: bool = False
   max_gradient_norm: float | None = 40.0
   discount: float = 0.99
   baseline_cost: float = 0.5

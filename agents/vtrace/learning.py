@@ -1,4 +1,4 @@
-"""The V-trace learner step: unrolls from the Reverb queue -> V-trace loss -> Adam."""
+"""The V-trace learner step: unrolls from the Reverb queue -> V-trace loss -> Adam or RMSprop."""
 
 from typing import Any, Dict
 
@@ -7,7 +7,7 @@ import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.agents.vtrace import losses
+from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.builder import Learner
 from seedacme.datasets import ReverbBatches, batch_specs, time_major
@@ -62,9 +62,10 @@ class VTraceLearner(Learner):
     self._item_signature = item_signature
     self._config = config
     self._batches = batches
-    self._optimizer = snt.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
+    self._optimizer = optimizers.make_optimizer(config)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self._train = tf.function(self._train_step, experimental_relax_shapes=True)
+    self._train = tf.function(self._train_step, experimental_relax_shapes=True,
+                              jit_compile=config.jit_compile)
 
   @property
   def optimizer(self) -> snt.Optimizer:

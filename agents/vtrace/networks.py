@@ -55,6 +55,10 @@ class FeedForwardPolicyValue(snt.Module):
     self._torso = make_torso(torso, hidden_sizes)
     self._head = PolicyValueHead(num_actions, _policy_init_scale(torso))
 
+  @property
+  def torso(self) -> snt.Module:
+    return self._torso
+
   def initial_state(self, batch_size: int) -> Nest:
     del batch_size
     return ()
