@@ -112,7 +112,8 @@ def preload(paths: Sequence[str] | None = None,
   xla_flags = os.environ.get('XLA_FLAGS', '')
   if data_dir and '--xla_gpu_cuda_data_dir' not in xla_flags:
     os.environ['XLA_FLAGS'] = f'{xla_flags} --xla_gpu_cuda_data_dir={data_dir}'.strip()
-  logging.info('CUDA: loaded %d of %d libraries from the nvidia-*-cu11 wheels (%s); XLA_FLAGS=%s',
-               len(loaded), len(libraries), os.path.dirname(os.path.dirname(loaded[0]))
-               if loaded else '-', os.environ.get('XLA_FLAGS', ''))
+  wheels = os.path.dirname(os.path.dirname(os.path.dirname(loaded[0]))) if loaded else '-'
+  logging.info('CUDA: loaded %d of %d libraries from the nvidia-*-cu11 wheels in %s; '
+               'XLA_FLAGS=%s', len(loaded), len(libraries), wheels,
+               os.environ.get('XLA_FLAGS', ''))
   return loaded

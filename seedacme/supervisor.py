@@ -240,6 +240,7 @@ def _child_main() -> None:
       raise
     # An error a restart cannot fix (e.g. no accelerator): tell the supervisor so.
     absl_logging.error('%s: %s', type(e).__name__, e)
+    atexit._run_exitfuncs()  # pylint: disable=protected-access  (TF's temp files)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(FATAL_EXIT_CODE)
