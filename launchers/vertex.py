@@ -4,9 +4,11 @@
 
 Launchpad 0.5.0 launches `vertex_ai` programs through xmanager (optional extra:
 `pip install -r requirements/vertex.txt -c requirements/constraints.txt`). Every node
-group becomes a `python:3.10` image built from this repository and
-`requirements/lock.txt`; nodes with identical hardware share a worker pool. Vertex AI
-allows at most 4 worker pools and the first must have exactly one replica.
+group becomes a `python:3.10` image (Launchpad's fixed base: the launching Python's
+version) built from this repository and a requirements file: `requirements/lock.txt`,
+plus `requirements/vertex_gpu.txt` (CUDA 11 / cuDNN 8 wheels, `seedacme/cuda_libs.py`)
+for a GPU learner. Nodes with identical hardware and requirements share a worker pool.
+Vertex AI allows at most 4 worker pools and the first must have exactly one replica.
 
 `--dry_run` needs no xmanager and no cloud credentials: it builds the real program,
 derives the job plan exactly as Launchpad will (pools, replicas, images, hardware),
@@ -25,7 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
@@ -33,7 +35,10 @@ from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args
                                               make_program_inputs)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE_IMAGE = 'python:3.10'
+# Launchpad 0.5.0's `to_docker_executables` builds on python:<the launching Python>.
+BASE_IMAGE = f'python:{sys.version_info.major}.{sys.version_info.minor}'
+LOCK = os.path.join(REPO_ROOT, 'requirements', 'lock.txt')
+GPU_REQUIREMENTS = os.path.join(REPO_ROOT, 'requirements', 'vertex_gpu.txt')
 MAX_WORKER_POOLS = 4
 GPUS = ('T4', 'P4', 'P100', 'V100', 'A100', 'L4')
 TPUS = ('TPU_V2', 'TPU_V3')
@@ -59,7 +64,7 @@ class WorkerPool:
   nodes: List[str]  # node labels, e.g. ['actor/0', 'actor/1', ...]
   hardware: Hardware
   image: str
-  requirements: str
+  requirements: Tuple[str, ...]  # files installed in order (one file for Launchpad)
   code_directory: str
 
   @property
@@ -130,28 +135,39 @@ def group_hardware(args: argparse.Namespace, replay_gb: int) -> Dict[str, Hardwa
   }
 
 
+def group_requirements(hardware: Dict[str, Hardware]) -> Dict[str, Tuple[str, ...]]:
+  """Requirements files per node group: the lock; a GPU's group adds the CUDA wheels."""
+  return {label: (LOCK, GPU_REQUIREMENTS) if hw.accelerator in GPUS else (LOCK,)
+          for label, hw in hardware.items()}
+
+
 def plan_worker_pools(groups: Dict[str, int], hardware: Dict[str, Hardware],
-                      requirements: str, code_directory: str) -> List[WorkerPool]:
+                      requirements: Dict[str, Tuple[str, ...]] | str,
+                      code_directory: str) -> List[WorkerPool]:
   """Worker pools as Launchpad's vertex_ai launch forms them.
 
   Nodes whose (code, requirements, hardware) match share a pool, in program order;
   the first pool with a single node moves to the front; if the first pool still has
-  several nodes, its first node is split off into a pool of its own.
+  several nodes, its first node is split off into a pool of its own. `requirements`:
+  files per group (`group_requirements`), or one file for every group.
   """
-  by_hardware: Dict[Hardware, List[str]] = collections.OrderedDict()
+  if isinstance(requirements, str):
+    requirements = {label: (requirements,) for label in groups}
+  by_container: Dict[Tuple[Hardware, Tuple[str, ...]], List[str]] = collections.OrderedDict()
   for label, count in groups.items():
-    by_hardware.setdefault(hardware[label], []).extend(f'{label}/{i}' for i in range(count))
-  pools = list(by_hardware.items())
+    key = (hardware[label], requirements[label])
+    by_container.setdefault(key, []).extend(f'{label}/{i}' for i in range(count))
+  pools = list(by_container.items())
   for index, (_, nodes) in enumerate(pools):
     if len(nodes) == 1:
       pools.insert(0, pools.pop(index))
       break
   if len(pools[0][1]) != 1:
-    hw, nodes = pools[0]
-    pools[0] = (hw, nodes[:1])
-    pools.append((hw, nodes[1:]))
-  return [WorkerPool(f'workerpool{i}', nodes, hw, BASE_IMAGE, requirements, code_directory)
-          for i, (hw, nodes) in enumerate(pools)]
+    key, nodes = pools[0]
+    pools[0] = (key, nodes[:1])
+    pools.append((key, nodes[1:]))
+  return [WorkerPool(f'workerpool{i}', nodes, hw, BASE_IMAGE, reqs, code_directory)
+          for i, ((hw, reqs), nodes) in enumerate(pools)]
 
 
 def validate_plan(pools: List[WorkerPool]) -> List[str]:
@@ -164,8 +180,9 @@ def validate_plan(pools: List[WorkerPool]) -> List[str]:
     errors.append(f'the first worker pool has {pools[0].replicas} replicas; it must have 1')
   for pool in pools:
     hw = pool.hardware
-    if not os.path.isfile(pool.requirements):
-      errors.append(f'{pool.name}: requirements file {pool.requirements} does not exist')
+    for path in pool.requirements:
+      if not os.path.isfile(path):
+        errors.append(f'{pool.name}: requirements file {path} does not exist')
     if not os.path.isfile(os.path.join(pool.code_directory, 'setup.py')):
       errors.append(f'{pool.name}: code directory {pool.code_directory} has no setup.py')
     if hw.cpu < 1 or hw.memory_gb < 1:
@@ -187,24 +204,45 @@ def validate_plan(pools: List[WorkerPool]) -> List[str]:
 
 
 def format_plan(pools: List[WorkerPool]) -> str:
-  lines = [f'{"pool":<12} {"replicas":>8}  {"groups":<40} {"hardware":<34} image']
+  lines = [f'{"pool":<12} {"replicas":>8}  {"groups":<40} {"hardware":<34} image + requirements']
   for p in pools:
     groups = ', '.join(f'{g} x{n}' for g, n in p.groups().items())
+    files = ' + '.join(os.path.relpath(r, REPO_ROOT) for r in p.requirements)
     lines.append(f'{p.name:<12} {p.replicas:>8}  {groups:<40} {p.hardware.describe():<34} '
-                 f'{p.image} + {os.path.relpath(p.requirements, REPO_ROOT)}')
+                 f'{p.image} + {files}')
   return '\n'.join(lines)
+
+
+def docker_requirements(pool: WorkerPool, directory: str) -> str:
+  """The one requirements file Launchpad copies into `pool`'s image.
+
+  Launchpad installs it alone (`pip install -r requirements.txt` before the code is
+  copied), so an `-r` include would not resolve: several files are joined into
+  `directory/<pool>.txt`.
+  """
+  if len(pool.requirements) == 1:
+    return pool.requirements[0]
+  path = os.path.join(directory, f'{pool.name}.txt')
+  with open(path, 'w') as out:
+    for source in pool.requirements:
+      with open(source) as f:
+        out.write(f'# {os.path.relpath(source, REPO_ROOT)}\n{f.read().rstrip()}\n')
+  return path
 
 
 def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from xmanager import xm  # pylint: disable=g-import-not-at-top
+  joined = tempfile.mkdtemp(prefix='seedacmereqs')
+  atexit.register(shutil.rmtree, joined, ignore_errors=True)
   resources = {}
   for pool in pools:
     hw = pool.hardware
     accel = {hw.accelerator: hw.accelerator_count} if hw.accelerator else {}
     requirements = xm.JobRequirements(cpu=hw.cpu, memory=hw.memory_gb * xm.GiB, **accel)
+    docker_file = docker_requirements(pool, joined)
     for group in pool.groups():
-      resources[group] = lp.DockerConfig(pool.code_directory, pool.requirements, requirements,
+      resources[group] = lp.DockerConfig(pool.code_directory, docker_file, requirements,
                                          python_path=[pool.code_directory])
   return resources
 
@@ -313,15 +351,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           file=sys.stderr)
     return 2
   code_directory = REPO_ROOT if args.dry_run else stage_code_directory()
-  pools = plan_worker_pools(groups, group_hardware(args, replay_memory_gb(builder, spec)),
-                            os.path.join(REPO_ROOT, 'requirements', 'lock.txt'), code_directory)
+  hardware = group_hardware(args, replay_memory_gb(builder, spec))
+  pools = plan_worker_pools(groups, hardware, group_requirements(hardware), code_directory)
   errors = validate_plan(pools)
   if args.json:
     print(json.dumps({'program': program.name, 'logdir': logdir, 'valid': not errors,
                       'errors': errors,
                       'worker_pools': [dict(name=p.name, replicas=p.replicas, groups=p.groups(),
                                             hardware=dataclasses.asdict(p.hardware),
-                                            image=p.image, requirements=p.requirements)
+                                            image=p.image, requirements=list(p.requirements))
                                        for p in pools]}, indent=1))
   else:
     print(f'Vertex AI job plan for {program.name} ({sum(groups.values())} nodes, '

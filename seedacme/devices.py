@@ -1,8 +1,8 @@
 """Which device the central node runs on, and a refusal when it is not the one asked for.
 
 TensorFlow falls back to the CPU without a word when it cannot load the CUDA libraries
-(TF 2.8.4 needs CUDA 11.2 / cuDNN 8.1): a launch that paid for a V100 would then train
-on the machine's CPU. The central node therefore logs the device that inference and
+(TF 2.8.4 needs CUDA 11 / cuDNN 8; `seedacme.cuda_libs` loads them from pip wheels): a
+launch that paid for a V100 would then train on the machine's CPU. The central node therefore logs the device that inference and
 learning run on, and a program whose launch asked for an accelerator
 (`ProgramConfig.accelerator`) stops with an error naming what is missing instead of
 starting without it.
@@ -51,8 +51,10 @@ def compute_device(required: str | None,
       raise AcceleratorMissingError(
           f'the launch asked for a {required} ({kind}) but TensorFlow sees only '
           f'{sorted(set(types))}: inference and learning would run on the CPU. For a GPU, '
-          f'TF 2.8.4 needs the CUDA 11.2 / cuDNN 8.1 libraries on the library path (the '
-          f'accelerator image); `nvidia-smi` shows whether the driver sees the card.')
+          f'TF 2.8.4 needs CUDA 11 / cuDNN 8 libraries: the nvidia-*-cu11 wheels of '
+          f'requirements/vertex_gpu.txt (the Vertex GPU pool has them; the central node '
+          f'logs "CUDA: loaded ..." when it finds them) or a CUDA install on the library '
+          f'path; `nvidia-smi` shows whether the driver sees the card.')
   logging.info('Central node: inference and learning run on %s (TensorFlow sees %s)',
                device, sorted(set(types)))
   return device

@@ -136,8 +136,11 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
   """Entry point of a (supervised) central process: the node and its Courier server.
 
   `payload` is the pickled rest of `CentralNode`'s arguments (builder, spec, config):
-  the supervisor forwards it as bytes, so only this process imports TensorFlow.
+  the supervisor forwards it as bytes, so only this process imports TensorFlow: it
+  loads the pip-installed CUDA libraries first, if any (`seedacme.cuda_libs`).
   """
+  from seedacme import cuda_libs  # pylint: disable=g-import-not-at-top
+  cuda_libs.preload()  # before anything imports TensorFlow (Reverb does)
   from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
   import reverb  # pylint: disable=g-import-not-at-top
   from seedacme.central import CentralNode  # pylint: disable=g-import-not-at-top
@@ -237,6 +240,7 @@ def _child_main() -> None:
       raise
     # An error a restart cannot fix (e.g. no accelerator): tell the supervisor so.
     absl_logging.error('%s: %s', type(e).__name__, e)
+    atexit._run_exitfuncs()  # pylint: disable=protected-access  (TF's temp files)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(FATAL_EXIT_CODE)

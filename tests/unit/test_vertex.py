@@ -1,6 +1,9 @@
 """The Vertex AI launcher's dry run: a valid job plan without xmanager or credentials."""
 
 import json
+import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -24,8 +27,10 @@ def test_atari_vtrace_64_actors_gpu_learner(capsys):
   assert by_group['actor']['groups']['actor'] == 64
   assert by_group['actor']['hardware']['accelerator'] is None
   assert sum(p['replicas'] for p in pools) == 64 + 3  # actors + learner, replay, evaluator
-  assert all(p['image'] == 'python:3.10' and p['requirements'].endswith('lock.txt')
-             for p in pools)
+  assert all(p['image'] == 'python:3.10' for p in pools)
+  # Only the GPU's pool adds the CUDA 11 / cuDNN 8 wheels to the lock.
+  assert by_group['learner']['requirements'] == [vertex.LOCK, vertex.GPU_REQUIREMENTS]
+  assert all(p['requirements'] == [vertex.LOCK] for p in pools if 'learner' not in p['groups'])
   # The replay pool is sized for 256 unrolls of 21 x 84x84x4 frames (~0.3 GiB) + slack.
   assert by_group['replay']['hardware']['memory_gb'] >= 4
 
@@ -75,3 +80,47 @@ def test_accelerator_choices(capsys, accelerator):
     args += ['--accelerator_count', '8']
   code, plan = _dry_run_json(capsys, *args)
   assert code == 0, plan['errors']
+  # No CUDA wheels without a GPU (a TPU's image needs none of them either).
+  assert all(p['requirements'] == [vertex.LOCK] for p in plan['worker_pools'])
+
+
+def test_the_gpu_requirements_pin_every_library_tensorflow_loads():
+  from seedacme import cuda_libs  # pylint: disable=g-import-not-at-top
+  with open(vertex.GPU_REQUIREMENTS) as f:
+    pins = [line.split('==') for line in f if line.strip() and not line.startswith('#')]
+  assert all(len(pin) == 2 and pin[0].endswith('-cu11') for pin in pins), pins
+  wheels = {name for name, _ in pins}
+  needed = {f'nvidia-{d.replace("_", "-")}-cu11' for d, _ in cuda_libs.CUDA_LIBRARIES}
+  assert needed | {'nvidia-cuda-nvcc-cu11'} == wheels
+
+
+def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, monkeypatch):
+  # The real executables (Launchpad's to_docker_executables), as a launch builds them:
+  # the one requirements.txt each image installs.
+  if os.environ.get('SEEDACME_REQUIRE_VERTEX') != '1':
+    pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
+  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+  from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
+  from seedacme.launchers.program_flags import make_program_inputs  # pylint: disable=g-import-not-at-top
+  tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')  # Launchpad: no '_' in it
+  monkeypatch.setattr(tempfile, 'tempdir', tmp)
+  try:
+    args = vertex.parse_args(['catch', 'vtrace', '2', '4', '--accelerator', 'V100'])
+    factory, spec, builder, config = make_program_inputs(args, str(tmp_path), accelerator='V100')
+    program = program_lib.make_program(builder, factory, spec, config, name='t')
+    hardware = vertex.group_hardware(args, 4)
+    pools = vertex.plan_worker_pools({g: len(n) for g, n in program.groups.items()},
+                                     hardware, vertex.group_requirements(hardware),
+                                     vertex.stage_code_directory())
+    built = cluster.build_pools(program, pools, vertex._xm_resources(pools))  # pylint: disable=protected-access
+    installs = {}
+    for (name, directory, _, _), pool in zip(built, pools):
+      assert name == pool.name
+      with open(os.path.join(directory, 'requirements.txt')) as f:
+        installs[tuple(pool.groups())] = f.read()
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  assert len(installs) == 3, installs  # replay; learner; actors + evaluator
+  for groups, text in installs.items():
+    assert 'tensorflow==2.8.4' in text
+    assert ('nvidia-cudnn-cu11==' in text) == (groups == ('learner',)), groups
