@@ -5,7 +5,7 @@
 
 For each setting (a V-trace config on top of the registry's Atari defaults) the same
 unrolls of random Pong play are trained on for `--updates` updates from the same
-initial network (`seedacme/probes.py`). The table gives, per layer group, the median
+initial network (`seedacme/probes.py`). The table gives, per layer, the mean
 parameter step divided by the learning rate over the last 10 updates (Adam with a
 negligible epsilon gives ~1: every weight moves by ~lr), the conv units alive before ->
 after, and the value's spread over frames. It explains; the Pong runs decide
@@ -74,7 +74,7 @@ def main() -> None:
     row['value spread'] = res['value_spread']
     rows.append(row)
     print(f'  {name}: done', flush=True)
-  print(f'\nmedian |step| / lr over the last 10 of {updates} updates (batch {args.batch_size}, '
+  print(f'\nmean |step| / lr over the last 10 of {updates} updates (batch {args.batch_size}, '
         f'lr {args.learning_rate}; load {os.getloadavg()[0]:.1f})')
   harness.print_table(rows, ['setting', *LAYERS, 'alive', 'value spread'])
   print('wrote', harness.write_json('optimizer_probe.json', {

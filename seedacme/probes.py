@@ -4,7 +4,7 @@ Pong's training average sat at random's for the first 2M env steps (README, "Pon
 learns"), and a 1M-env-step run costs ~20 minutes here, so settings are first compared
 on what a few hundred updates show: unrolls of random Pong play (real frames and
 rewards, from ale-py's vector engine) are trained on for N updates, and per layer we
-read how far the parameters moved per update relative to the learning rate (Adam
+read how far the parameters moved per update (mean |step|) relative to the learning rate (Adam
 moves every weight by ~lr when epsilon is negligible; epsilon or a small RMSprop
 mean square shrinks that), which conv units are still alive, and how much the value
 differs between frames. `tests/unit/test_atari_vtrace_torso.py` and
@@ -72,7 +72,7 @@ def probe(learner, network, unrolls, batch_size: int, updates: int,
                                 for k in unrolls[0]})
     if before is not None:
       for s, v, b in zip(step_sizes, variables, before):
-        s.append(float(np.median(np.abs(v.numpy() - b))) / learning_rate)
+        s.append(float(np.mean(np.abs(v.numpy() - b))) / learning_rate)
   (_, values), _ = network(frames, ())
   return {'alive_before': alive_before.tolist(),
           'alive_after': conv_alive(torso, frames).tolist(),

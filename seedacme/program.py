@@ -68,7 +68,8 @@ class ReplayNode(lp.ReverbNode):
                   checkpoint_interval_s=self._checkpoint_interval_s)
     try:
       if self._supervise:
-        supervisor.Supervisor(supervisor.serve_replay, kwargs, 'replay').run()
+        supervisor.Supervisor(supervisor.serve_replay, kwargs, 'replay',
+                              standby_imports=('reverb',)).run()
       else:
         supervisor.serve_replay(stop_event=None, **kwargs)
     finally:

@@ -12,10 +12,17 @@ them (`serve_replay`), and the central node's writers and dataset reconnect.
 
 On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
 little, then kills it: nothing is left behind.
+
+A *standby* (`standby_imports`, the replay node's) is a second child started ahead of
+need: it has read its target and imported the listed modules, and waits for one byte
+on stdin before running. When the working child dies, the standby runs at once and a
+new one is started behind it. A replay restart cost ~5 s of importing Reverb and
+TensorFlow before the new server could bind its port (README, "Fault table").
 """
 
 import atexit
 import faulthandler
+import importlib
 import os
 import shutil
 import signal
@@ -36,37 +43,79 @@ from seedacme.lifecycle import default_stop_event
 # A child exits with this when its error has `fatal = True` (restarting cannot fix it,
 # e.g. `devices.AcceleratorMissingError`): the supervisor then fails instead of restarting.
 FATAL_EXIT_CODE = 78
+_RUN = b'r'  # the byte that tells a waiting standby to run
 
 
 
 class Supervisor:
-  """Runs `target(stop_event=..., **kwargs)` in a child process, restarting it on death."""
+  """Runs `target(stop_event=..., **kwargs)` in a child process, restarting it on death.
+
+  `standby_imports`: keep a standby child with these modules imported (module
+  docstring); it takes over at once from a child that ran for over `crash_loop_s`.
+  """
 
   def __init__(self, target: Callable[..., None], kwargs: Dict[str, Any], name: str,
                stop_event: threading.Event | None = None,
                restart_backoff_s: float = 1.0, max_backoff_s: float = 30.0,
-               stop_timeout_s: float = 6.0):
-    self._payload = cloudpickle.dumps((target, kwargs))
+               stop_timeout_s: float = 6.0, standby_imports: tuple = (),
+               crash_loop_s: float = 10.0):
+    self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports)))
     self._name = name
     self._stop = stop_event
     self._backoff = restart_backoff_s
     self._max_backoff = max_backoff_s
     self._stop_timeout_s = stop_timeout_s
+    self._use_standby = bool(standby_imports)
+    self._crash_loop_s = crash_loop_s
     self.restarts = 0
     self.child: subprocess.Popen | None = None
+    self.standby: subprocess.Popen | None = None
 
-  def _start_child(self) -> subprocess.Popen:
+  def _start_child(self, standby: bool = False) -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, '-m', 'seedacme.supervisor'],
                              stdin=subprocess.PIPE)
-    child.stdin.write(self._payload)
-    child.stdin.close()
-    logging.info('%s: started child process %d', self._name, child.pid)
+    child.stdin.write(len(self._payload).to_bytes(8, 'little') + self._payload)
+    if standby:
+      child.stdin.flush()  # kept open: one byte later says "run"
+    else:
+      child.stdin.write(_RUN)
+      child.stdin.close()
+    logging.info('%s: started %s process %d', self._name,
+                 'standby' if standby else 'child', child.pid)
     return child
 
+  def _next_child(self, died_after_s: float | None) -> subprocess.Popen:
+    """The standby, told to run, when there is a live one and this is no crash loop."""
+    standby, self.standby = self.standby, None
+    if standby is not None and standby.poll() is None and (
+        died_after_s is None or died_after_s > self._crash_loop_s):
+      try:
+        standby.stdin.write(_RUN)
+        standby.stdin.close()
+        logging.info('%s: standby process %d takes over', self._name, standby.pid)
+        return standby
+      except BrokenPipeError:  # it died just now
+        pass
+    if standby is not None:
+      self._end(standby)
+    return self._start_child()
+
   def _stop_child(self) -> None:
-    child = self.child
+    if self.standby is not None:
+      self._end(self.standby)
+      self.standby = None
+    self._end(self.child)
+
+  def _end(self, child: subprocess.Popen | None) -> None:
     if child is None or child.poll() is not None:
       return
+    if child.stdin is not None and not child.stdin.closed:  # a waiting standby: EOF ends it
+      try:
+        child.stdin.close()
+        child.wait(2.0)
+        return
+      except (BrokenPipeError, subprocess.TimeoutExpired):
+        pass
     child.send_signal(signal.SIGTERM)
     try:
       child.wait(self._stop_timeout_s)
@@ -82,12 +131,16 @@ class Supervisor:
     if self._stop is None:
       self._stop = default_stop_event()
     backoff = self._backoff
+    died_after_s = None
     try:
       while not self._stop.is_set():
-        self.child = self._start_child()
+        self.child = self._next_child(died_after_s)
         started = time.monotonic()
+        if self._use_standby:
+          self.standby = self._start_child(standby=True)
         while self.child.poll() is None and not self._stop.wait(0.2):
           pass
+        died_after_s = time.monotonic() - started
         if self._stop.is_set():
           break
         code = self.child.returncode
@@ -100,9 +153,12 @@ class Supervisor:
         if time.monotonic() - started > 60:
           backoff = self._backoff  # it ran a while: not a crash loop
         self.restarts += 1
-        logging.warning('%s: child %d died (exit code %d); restart #%d in %.1fs',
-                        self._name, self.child.pid, code, self.restarts, backoff)
-        if self._stop.wait(backoff):
+        now = (self.standby is not None and self.standby.poll() is None
+               and died_after_s > self._crash_loop_s)
+        logging.warning('%s: child %d died (exit code %d); restart #%d %s', self._name,
+                        self.child.pid, code, self.restarts,
+                        'now (standby)' if now else f'in {backoff:.1f}s')
+        if not now and self._stop.wait(backoff):
           break
         backoff = min(2 * backoff, self._max_backoff)
     finally:
@@ -219,7 +275,13 @@ class SupervisedCentralNode(lp.CourierNode):
 
 def _child_main() -> None:
   faulthandler.register(signal.SIGUSR2, all_threads=True)
-  target, kwargs = cloudpickle.loads(sys.stdin.buffer.read())
+  stdin = sys.stdin.buffer
+  size = int.from_bytes(stdin.read(8), 'little')
+  target, kwargs, standby_imports = cloudpickle.loads(stdin.read(size))
+  for module in standby_imports:
+    importlib.import_module(module)
+  if stdin.read(1) != _RUN:  # a standby waits here; EOF: the supervisor is stopping
+    os._exit(0)
   stop = threading.Event()
 
   def request_stop(*_):

@@ -1,0 +1,91 @@
+"""Supervisor restarts: a warm standby takes over from a killed child; crash loops back off.
+
+The standby is a process started before the kill (its pid is known beforehand) that
+has imported its modules and waits; when the working child is killed it is the one
+that runs the target next, and every process is gone once the supervisor stops.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from seedacme.supervisor import Supervisor
+
+
+def _targets():
+  """The children's targets, made here so cloudpickle sends them by value."""
+
+  def record_and_wait(stop_event, directory):
+    with open(os.path.join(directory, str(os.getpid())), 'w') as f:
+      f.write('started')
+    stop_event.wait(60)
+
+  def fail_at_once(stop_event, directory):
+    del stop_event
+    with open(os.path.join(directory, str(os.getpid())), 'w') as f:
+      f.write('started')
+    raise SystemExit(3)
+
+  return record_and_wait, fail_at_once
+
+
+def _wait_for(predicate, timeout_s=30.0):
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.05)
+  return False
+
+
+def _started(directory):
+  return sorted(int(p) for p in os.listdir(directory))
+
+
+@pytest.mark.timeout(90)
+def test_a_waiting_standby_takes_over_from_a_killed_child(tmp_path):
+  stop = threading.Event()
+  sup = Supervisor(_targets()[0], {'directory': str(tmp_path)}, 'test', stop_event=stop,
+                   standby_imports=('json',), crash_loop_s=0.5)
+  thread = threading.Thread(target=sup.run)
+  thread.start()
+  try:
+    assert _wait_for(lambda: len(_started(tmp_path)) == 1 and sup.standby is not None)
+    first, standby = sup.child, sup.standby
+    assert _started(tmp_path) == [first.pid]  # the standby has not run the target
+    time.sleep(1.0)  # past crash_loop_s
+    os.kill(first.pid, signal.SIGKILL)
+    assert _wait_for(lambda: len(_started(tmp_path)) == 2)
+    assert sorted(_started(tmp_path)) == sorted([first.pid, standby.pid])
+    assert sup.child.pid == standby.pid
+    assert _wait_for(lambda: sup.standby is not None and sup.standby.pid != standby.pid)
+    pids = [sup.child.pid, sup.standby.pid]
+  finally:
+    stop.set()
+    thread.join(30)
+  assert not thread.is_alive()
+  assert not [p for p in pids if psutil.pid_exists(p) and
+              psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.timeout(90)
+def test_a_crash_loop_backs_off_instead_of_using_the_standby(tmp_path):
+  stop = threading.Event()
+  sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test', stop_event=stop,
+                   standby_imports=('json',), restart_backoff_s=0.5, crash_loop_s=30.0)
+  thread = threading.Thread(target=sup.run)
+  thread.start()
+  try:
+    assert _wait_for(lambda: len(_started(tmp_path)) >= 3)
+  finally:
+    stop.set()
+    thread.join(30)
+  assert not thread.is_alive()
+  # Each restart waited for the backoff (a standby taking over would start at once).
+  starts = sorted(os.stat(os.path.join(tmp_path, p)).st_mtime for p in os.listdir(tmp_path))
+  assert len(starts) >= 3
+  assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.4, starts
