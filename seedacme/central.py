@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Sequence
 from absl import logging
 import numpy as np
 
+from seedacme.accounting import Mode
 from seedacme.actor_side_inference import POLICY_VARIABLES, ActingReports
 from seedacme.builder import SeedBuilder
 from seedacme.checkpointing import Checkpointer, export_policy
@@ -79,8 +80,7 @@ class CentralNode:
       if restored is not None:
         self.resumed_from = restored['learner_steps']
         self.learner_steps = restored['learner_steps']
-        self.server.env_steps = restored['env_steps']
-        self.server.episodes.episodes[False] = restored['episodes']
+        self.server.acting.restore(restored['env_steps'], restored['episodes'])
         self._progress.log_event(f'resumed from checkpoint at learner step '
                                  f'{self.learner_steps}, env step {self.server.env_steps}')
     self._start = time.monotonic()
@@ -132,7 +132,7 @@ class CentralNode:
     t0, env0, learn0 = self._last
     dt = max(now - t0, 1e-9)
     server = self.server
-    train, evaluation = server.episodes.summary(False), server.episodes.summary(True)
+    train, evaluation = server.acting.summary(Mode.TRAIN), server.acting.summary(Mode.EVAL)
     batch = server.batch_stats(reset=True)
     record = {
         'elapsed_s': now - self._start,
@@ -175,7 +175,7 @@ class CentralNode:
 
   def _counters(self) -> Dict[str, int]:
     return {'learner_steps': self.learner_steps, 'env_steps': self.server.env_steps,
-            'episodes': self.server.episodes.episodes[False]}
+            'episodes': self.server.acting.episodes(Mode.TRAIN)}
 
   def _final_record(self) -> Dict[str, Any]:
     final = self._record()

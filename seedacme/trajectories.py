@@ -63,10 +63,6 @@ class SequenceAssembler:
     self._count = np.zeros(num_envs, np.int64)
     self.sequences_emitted = 0
 
-  @property
-  def length(self) -> int:
-    return self._length
-
   def _allocate(self, step: Nest) -> None:
     self._structure = step
     self._buffers = [

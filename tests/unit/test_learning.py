@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import reverb
 
+from seedacme.accounting import Mode
 from seedacme import envs
 from seedacme.agents import vtrace
 from seedacme.central import CentralNode
@@ -142,7 +143,7 @@ def test_returns_rise_on_catch(make_central):
   first = None
   while time.monotonic() < deadline:
     central.learner.step()
-    summary = central.server.episodes.summary(False)
+    summary = central.server.acting.summary(Mode.TRAIN)
     if first is None and summary['episodes'] >= 100:
       first = summary['average_return']
     if first is not None and summary['average_return'] >= 0.8:
