@@ -180,10 +180,7 @@ class ActorSideInference:
 
   def close(self) -> None:
     self._executor.shutdown(wait=True)
-    self.server.stop_intake()
-    if self._sink is not None:
-      self._sink.close()
-    self.server.close()
+    self.server.shutdown()
 
 
 def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
@@ -287,10 +284,8 @@ class ActingReports:
           total[k] = total.get(k, 0) + v
       return total
 
-  def stop_intake(self) -> None:
-    self._closed = True
-
-  def close(self) -> None:
+  def shutdown(self) -> None:
+    """Further `step` calls get a `shutting_down` reply."""
     self._closed = True
 
 

@@ -207,9 +207,27 @@ class InferenceServer:
     """The policy runs once this many envs wait (or at the timeout)."""
     return self._batcher.max_batch_size
 
+  def report(self, report: Dict[str, Any]) -> None:
+    """`report_acting` is for actor-side inference (`ActingReports`): refused here."""
+    del report
+    raise protocol.InvalidRequestError('report_acting: this program runs central inference')
+
+  @property
+  def trajectory_sink(self):
+    """Where served training steps go (None when serving without recording)."""
+    return self._sink
+
   def stop_intake(self) -> None:
     """New requests get a `shutting_down` reply; the batch in flight may finish."""
     self._batcher.stop_intake()
 
   def close(self) -> None:
     self._batcher.close()
+
+  def shutdown(self) -> None:
+    """Refuses new requests, closes the sink (a batch blocked on a full table ends at
+    once), then stops the batcher: no waiting out timeouts."""
+    self.stop_intake()
+    if self._sink is not None:
+      self._sink.close()
+    self.close()

@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from typing import Dict, List
+
+from seedacme import logdir as logdir_lib
+from seedacme.launchers import process
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 
@@ -60,8 +62,10 @@ def checkpointed_learner_step(logdir: str) -> int | None:
 
 
 def target_value(summary: Dict) -> float:
-  """The return that met the target, from `stopped_because` ('... return X >= target Y')."""
-  return float(summary['stopped_because'].split()[2])
+  """The average return that met the target (the summary's typed stop reason)."""
+  stop = summary['stop']
+  assert stop['kind'] in ('target', 'eval_target'), stop
+  return float(stop['value'])
 
 
 class Run:
@@ -74,12 +78,10 @@ class Run:
     home = os.path.join(workdir, 'home')
     os.makedirs(tmp, exist_ok=True)
     os.makedirs(home, exist_ok=True)
-    env = dict(os.environ, HOME=home, TMPDIR=tmp, **{TAG_VAR: self.tag})
     self.stdout_path = os.path.join(workdir, 'stdout.txt')
     self._out = open(self.stdout_path, 'w')
-    self.proc = subprocess.Popen(
-        [sys.executable, '-m', 'seedacme.launchers.local', *args, '--logdir', self.logdir],
-        stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    self.proc = process.start(args, self.logdir, self._out,
+                              env={'HOME': home, 'TMPDIR': tmp, TAG_VAR: self.tag})
 
   def wait(self, timeout: float) -> int:
     try:
@@ -108,12 +110,10 @@ class Run:
       return f.read()
 
   def progress(self) -> List[Dict]:
-    path = os.path.join(self.logdir, 'progress.jsonl')
-    if not os.path.exists(path):
-      return []
-    with open(path) as f:
-      records = [json.loads(line) for line in f if line.endswith('\n')]
-    return [r for r in records if 'event' not in r]
+    return logdir_lib.read_progress(self.logdir)
+
+  def events(self) -> List[str]:
+    return logdir_lib.read_events(self.logdir)
 
   def json(self, name: str) -> Dict | None:
     path = os.path.join(self.logdir, name)

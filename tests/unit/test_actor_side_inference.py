@@ -155,7 +155,7 @@ def test_central_node_of_actor_side_program_serves_no_steps():
   acting = ActingReports(envs_per_actor=4)
   with pytest.raises(InvalidRequestError, match="inference='actor'"):
     acting.step({})
-  acting.stop_intake()
+  acting.shutdown()
   assert 'shutting_down' in acting.step({})
 
 

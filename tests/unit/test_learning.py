@@ -72,9 +72,7 @@ def make_central(tmp_path):
   yield make
   for server, central, actors, stop in created:
     stop.set()
-    central._sink.close()  # noqa: SLF001
-    central.server.close()
-    central.learner.close()
+    central.shutdown()
     for a in actors:
       a.join(5)
     server.stop()
@@ -174,7 +172,7 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
     time.sleep(0.05)
   actors[0].stop.set()  # freeze the table's contents ...
   actors[0].join(10)
-  assert central._sink.wait_until_written(10)  # noqa: SLF001  ... once in-flight items land
+  assert central.server.trajectory_sink.wait_until_written(10)  # ... once in-flight items land
   size = _table_size(client, table)
   before = _sampled_priorities(client, table, 4 * size)
   assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants
