@@ -15,9 +15,19 @@ from typing import IO, Dict, List, Sequence
 MODULE = 'seedacme.launchers.local'
 
 
-def command(args: Sequence[str], logdir: str | None = None) -> List[str]:
-  """The command line of `run_local <args> [--logdir logdir]` on this Python."""
-  cmd = [sys.executable, '-m', MODULE, *args]
+def command(args: Sequence[str], logdir: str | None = None,
+            register: str | None = None) -> List[str]:
+  """The command line of `run_local <args> [--logdir logdir]` on this Python.
+
+  `register`: a module imported first, which registers agents or envs of its own
+  (`agents.registry.register_agent`, `envs.registry.register_env`); run_local then runs
+  in this (host) network namespace.
+  """
+  if register is None:
+    cmd = [sys.executable, '-m', MODULE, *args]
+  else:
+    cmd = [sys.executable, '-c', f'import sys, {register}; from {MODULE} import main; '
+           'sys.exit(main(sys.argv[1:]))', *args]
   if logdir is not None:
     cmd += ['--logdir', logdir]
   return cmd
@@ -25,12 +35,12 @@ def command(args: Sequence[str], logdir: str | None = None) -> List[str]:
 
 def start(args: Sequence[str], logdir: str | None, stdout: IO,
           env: Dict[str, str] | None = None, cwd: str | None = None,
-          new_session: bool = True) -> subprocess.Popen:
+          new_session: bool = True, register: str | None = None) -> subprocess.Popen:
   """Starts `run_local <args> --logdir logdir`; stdout and stderr go to `stdout`.
 
-  `env`: variables added to this process's environment.
+  `env`: variables added to this process's environment; `register`: see `command`.
   """
-  return subprocess.Popen(command(args, logdir), stdout=stdout, stderr=subprocess.STDOUT,
+  return subprocess.Popen(command(args, logdir, register), stdout=stdout, stderr=subprocess.STDOUT,
                           env=dict(os.environ, **(env or {})), cwd=cwd,
                           start_new_session=new_session)
 

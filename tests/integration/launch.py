@@ -17,6 +17,7 @@ from seedacme import logdir as logdir_lib
 from seedacme.launchers import process
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def leftover_processes(tag: str) -> List[int]:
@@ -71,7 +72,10 @@ def target_value(summary: Dict) -> float:
 class Run:
   """A launched program: its process, logdir and what it printed."""
 
-  def __init__(self, args: List[str], workdir: str, logdir: str | None = None):
+  def __init__(self, args: List[str], workdir: str, logdir: str | None = None,
+               register: str | None = None):
+    """`register`: a module (importable from the repository) that registers agents or
+    envs before run_local parses its flags (`launchers.process.command`)."""
     self.tag = uuid.uuid4().hex
     self.logdir = logdir or os.path.join(workdir, 'logdir')
     tmp = os.path.join(workdir, 'tmp')
@@ -80,8 +84,10 @@ class Run:
     os.makedirs(home, exist_ok=True)
     self.stdout_path = os.path.join(workdir, 'stdout.txt')
     self._out = open(self.stdout_path, 'w')
-    self.proc = process.start(args, self.logdir, self._out,
-                              env={'HOME': home, 'TMPDIR': tmp, TAG_VAR: self.tag})
+    env = {'HOME': home, 'TMPDIR': tmp, TAG_VAR: self.tag}
+    if register is not None:
+      env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
+    self.proc = process.start(args, self.logdir, self._out, env=env, register=register)
 
   def wait(self, timeout: float) -> int:
     try:
