@@ -117,6 +117,20 @@ _WIRE = {Mode.TRAIN: ('env_steps', 'train_episodes'),
 WIRE_FIELDS = tuple(k for keys in _WIRE.values() for k in keys)
 
 
+class CountsSteps:
+  """`env_steps` and `eval_env_steps` of an object that keeps an `ActingLog` as `acting`."""
+  acting: 'ActingLog'
+
+  @property
+  def env_steps(self) -> int:
+    """Training env steps."""
+    return self.acting.env_steps(Mode.TRAIN)
+
+  @property
+  def eval_env_steps(self) -> int:
+    return self.acting.env_steps(Mode.EVAL)
+
+
 class ActingLog:
   """Env steps and finished episodes per `Mode`; averages over the recent episodes."""
 

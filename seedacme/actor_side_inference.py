@@ -28,7 +28,7 @@ import numpy as np
 
 from seedacme import batcher as batcher_lib
 from seedacme import protocol
-from seedacme.accounting import WIRE_FIELDS, ActingLog, ActingReport, Episodes, Mode
+from seedacme.accounting import WIRE_FIELDS, ActingLog, CountsSteps, ActingReport, Episodes, Mode
 from seedacme.lifecycle import default_stop_event
 
 POLICY_VARIABLES = 'policy'
@@ -209,7 +209,7 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
     inference.close()
 
 
-class ActingReports:
+class ActingReports(CountsSteps):
   """The central node's view of acting when actors run their own inference.
 
   Offers what `CentralNode` reads from its `InferenceServer` -- env step counts, the
@@ -253,13 +253,6 @@ class ActingReports:
         self._trajectory[source] = dict(report['trajectory'])
     self.acting.add_report(ActingReport.from_wire(report))
 
-  @property
-  def env_steps(self) -> int:
-    return self.acting.env_steps(Mode.TRAIN)
-
-  @property
-  def eval_env_steps(self) -> int:
-    return self.acting.env_steps(Mode.EVAL)
 
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     with self._lock:

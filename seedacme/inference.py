@@ -22,7 +22,7 @@ import tree
 
 from seedacme import batcher as batcher_lib
 from seedacme import protocol
-from seedacme.accounting import FIRST, LAST, ActingLog, Episodes, EpisodeTracker, Mode
+from seedacme.accounting import FIRST, LAST, ActingLog, CountsSteps, Episodes, EpisodeTracker, Mode
 from seedacme.envs.registry import EnvSpec
 from seedacme.lifecycle import ShutdownError
 from seedacme.policy import ServerPolicy
@@ -41,7 +41,7 @@ class EnvRuns:
     self.run_ids = np.full(num_envs, -1, np.int64)
 
 
-class InferenceServer:
+class InferenceServer(CountsSteps):
   """Serves `step(request)` for all actors of a program from one batched policy."""
 
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
@@ -177,15 +177,6 @@ class InferenceServer:
     if self._sink is not None:
       self._sink.reset(restarted)
     return changed
-
-  @property
-  def env_steps(self) -> int:
-    """Training env steps served."""
-    return self.acting.env_steps(Mode.TRAIN)
-
-  @property
-  def eval_env_steps(self) -> int:
-    return self.acting.env_steps(Mode.EVAL)
 
   def state_of(self, env_ids) -> Any:
     """The stored recurrent state of these envs (the policy's device table)."""
