@@ -1,10 +1,68 @@
-"""Agents by name, with per-environment defaults (what `run_local <env> <agent>` uses)."""
+"""Agents by name, with per-environment defaults (what `run_local <env> <agent>` uses).
 
-from typing import Any, Dict
+Declarative: an agent is one `AgentEntry` -- its name, where its builder and config
+dataclass live, its per-env defaults and an optional fit to the program's size -- and
+one `register_agent` line at the bottom of this file. `run_local`, the Vertex launcher,
+benchmarks and tests all build agents through `make_builder`. Builder and config are
+named as 'module:attribute' and imported only when used, so a launcher that parses
+flags does not import TensorFlow.
+"""
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 from seedacme.builder import SeedBuilder
 
-AGENT_NAMES = ('vtrace', 'r2d2')
+
+@dataclasses.dataclass(frozen=True)
+class AgentEntry:
+  """One agent: name -> builder, config dataclass, per-env defaults.
+
+  Attributes:
+    name: the agent's name on the command line.
+    builder: the builder class, or 'module:Class'; called with a config.
+    config: the config dataclass, or 'module:Class'; called with keyword overrides.
+    env_defaults: per environment name, overrides of the config's defaults.
+    fit: `fit(kwargs, num_train_envs, overrides) -> kwargs`: adapts the defaults to the
+      program's size (explicit overrides always win).
+  """
+  name: str
+  builder: Any
+  config: Any
+  env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  fit: Callable[[Dict[str, Any], int, Dict[str, Any]], Dict[str, Any]] | None = None
+
+
+_AGENTS: Dict[str, AgentEntry] = {}
+
+
+def register_agent(entry: AgentEntry) -> None:
+  """Makes `entry.name` known to every launcher (a later entry of that name replaces it)."""
+  _AGENTS[entry.name] = entry
+
+
+def agent_names() -> Tuple[str, ...]:
+  return tuple(_AGENTS)
+
+
+def _load(target: Any) -> Any:
+  if not isinstance(target, str):
+    return target
+  module, _, attribute = target.partition(':')
+  return getattr(importlib.import_module(module), attribute)
+
+
+def config_class(agent: str) -> Any:
+  """The config dataclass of `agent`."""
+  return _load(_entry(agent).config)
+
+
+def _entry(agent: str) -> AgentEntry:
+  try:
+    return _AGENTS[agent]
+  except KeyError:
+    raise ValueError(f'Unknown agent {agent!r}; known: {", ".join(_AGENTS)}') from None
 
 # Per-environment overrides of the agent's config dataclass.
 _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -59,6 +117,17 @@ _VTRACE_UNROLLS_PER_ENV = 4
 _VTRACE_MIN_BATCH = 4
 
 
+def _fit_vtrace_batch(kwargs: Dict[str, Any], num_train_envs: int,
+                      overrides: Dict[str, Any]) -> Dict[str, Any]:
+  """A smaller learner batch when there are few training envs (see above)."""
+  if 'batch_size' not in overrides:
+    from seedacme.agents.vtrace.config import VTraceConfig  # pylint: disable=g-import-not-at-top
+    default = kwargs.get('batch_size', VTraceConfig.batch_size)
+    kwargs['batch_size'] = min(default, max(_VTRACE_MIN_BATCH,
+                                            _VTRACE_UNROLLS_PER_ENV * num_train_envs))
+  return kwargs
+
+
 def make_builder(agent: str, env: str, num_train_envs: int | None = None,
                  **overrides) -> SeedBuilder:
   """The builder of `agent` configured for `env` (plus explicit overrides).
@@ -66,16 +135,15 @@ def make_builder(agent: str, env: str, num_train_envs: int | None = None,
   `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
   smaller learner batch when there are few envs); explicit overrides always win.
   """
-  if agent == 'vtrace':
-    from seedacme.agents import vtrace  # pylint: disable=g-import-not-at-top
-    kwargs = {**_VTRACE_DEFAULTS.get(env, {}), **overrides}
-    if num_train_envs is not None and 'batch_size' not in overrides:
-      default = kwargs.get('batch_size', vtrace.VTraceConfig.batch_size)
-      kwargs['batch_size'] = min(default, max(_VTRACE_MIN_BATCH,
-                                              _VTRACE_UNROLLS_PER_ENV * num_train_envs))
-    return vtrace.VTraceBuilder(vtrace.VTraceConfig(**kwargs))
-  if agent == 'r2d2':
-    from seedacme.agents import r2d2  # pylint: disable=g-import-not-at-top
-    kwargs = {**_R2D2_DEFAULTS.get(env, {}), **overrides}
-    return r2d2.R2D2Builder(r2d2.R2D2Config(**kwargs))
-  raise ValueError(f'Unknown agent {agent!r}; known: {", ".join(AGENT_NAMES)}')
+  entry = _entry(agent)
+  kwargs = {**entry.env_defaults.get(env, {}), **overrides}
+  if num_train_envs is not None and entry.fit is not None:
+    kwargs = entry.fit(kwargs, num_train_envs, overrides)
+  return _load(entry.builder)(_load(entry.config)(**kwargs))
+
+
+register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
+                          'seedacme.agents.vtrace:VTraceConfig', _VTRACE_DEFAULTS,
+                          fit=_fit_vtrace_batch))
+register_agent(AgentEntry('r2d2', 'seedacme.agents.r2d2:R2D2Builder',
+                          'seedacme.agents.r2d2:R2D2Config', _R2D2_DEFAULTS))

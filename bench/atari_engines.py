@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +38,8 @@ sys.path.insert(0, REPO)
 
 from seedacme import envs  # noqa: E402
 from seedacme.actor import EnvActor  # noqa: E402
+from seedacme.launchers import process  # noqa: E402
+from seedacme.logdir import read_progress  # noqa: E402
 
 FRAMES_PER_STEP = 4
 ENGINES = ('python', 'vector_sync', 'vector_async')
@@ -170,19 +171,12 @@ def program_rate(engine: str, max_seconds: float, skip_s: float, workdir: str,
                  extra: List[str]) -> Dict[str, Any]:
   """env steps/s of `run_local atari vtrace 2 --env_engine engine` after `skip_s`."""
   logdir = os.path.join(workdir, f'atari_{engine}')
-  cmd = [sys.executable, '-m', 'seedacme.launchers.local', 'atari', 'vtrace', '2',
-         '--env_engine', engine, '--max_seconds', str(max_seconds), '--logdir', logdir,
-         '--checkpoint_interval_s', '0', *extra]
   start = time.monotonic()
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                        timeout=max_seconds + 240)
+  proc = process.run(['atari', 'vtrace', '2', '--env_engine', engine, '--max_seconds',
+                      str(max_seconds), '--checkpoint_interval_s', '0', *extra], logdir,
+                     timeout_s=max_seconds + 240, cwd=REPO)
   wall = time.monotonic() - start
-  records = []
-  path = os.path.join(logdir, 'progress.jsonl')
-  if os.path.exists(path):
-    with open(path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-  records = [r for r in records if 'event' not in r]
+  records = read_progress(logdir)
   window = [r for r in records if r['elapsed_s'] >= skip_s]
   rate = None
   if len(window) >= 2:

@@ -99,8 +99,7 @@ def main() -> int:
   finally:
     left = run.wait_for_no_leftovers()
   summary = run.json('summary.json') or {}
-  resumed = [json.loads(line)['event'] for line in open(os.path.join(run.logdir, 'progress.jsonl'))
-             if '"event"' in line]
+  resumed = run.events()
   result = {'rows': rows, 'exit_code': code, 'leftovers': left,
             'final_average_return': summary.get('average_return'),
             'stopped_because': summary.get('stopped_because'),

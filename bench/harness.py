@@ -13,7 +13,6 @@ import os
 import platform
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -21,6 +20,9 @@ from typing import Any, Dict, List
 
 import numpy as np
 import psutil
+
+from seedacme import logdir as logdir_lib
+from seedacme.launchers import process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, 'bench', 'results')
@@ -88,15 +90,11 @@ class ProgramRun:
   def run(self, timeout_s: float) -> Dict[str, Any]:
     """Runs the program to its end (or kills it at `timeout_s`); returns what it did."""
     nodes_dir = os.path.join(self.logdir, 'nodes') + os.sep
-    env = dict(os.environ, **{TAG_VAR: self.tag})
-    cmd = [sys.executable, '-m', 'seedacme.launchers.local', *self.args,
-           '--progress_interval_s', '1']
-    progress = os.path.join(self.logdir, 'progress.jsonl')
     offset = 0
     start = time.monotonic()
     with open(os.path.join(self.workdir, 'stdout.txt'), 'w') as out:
-      proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                              start_new_session=True)
+      proc = process.start([*self.args, '--progress_interval_s', '1'], None, out,
+                           env={TAG_VAR: self.tag}, cwd=REPO)
       timed_out = False
       while proc.poll() is None:
         time.sleep(0.5)
@@ -113,9 +111,9 @@ class ProgramRun:
         for node, mb in rss.items():
           self.peak_rss[node] = max(self.peak_rss.get(node, 0.0), mb)
         self.peak_total_rss = max(self.peak_total_rss, sum(rss.values()))
-        offset = self._read_progress(progress, offset, now)
+        offset = self._read_progress(offset, now)
       code = proc.wait()
-    self._read_progress(progress, offset, time.monotonic() - start)
+    self._read_progress(offset, time.monotonic() - start)
     time.sleep(2)
     leftovers = [p.pid for p in tagged_processes(self.tag)]
     for pid in leftovers:
@@ -123,21 +121,14 @@ class ProgramRun:
         os.kill(pid, signal.SIGKILL)
       except OSError:
         pass
-    summary_path = os.path.join(self.logdir, 'summary.json')
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    summary = logdir_lib.read_summary(self.logdir) or {}
     return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
             'summary': summary, 'wall_s': time.monotonic() - start,
             'load_1m_at_end': os.getloadavg()[0]}
 
-  def _read_progress(self, path: str, offset: int, now: float) -> int:
-    if not os.path.exists(path):
-      return offset
-    with open(path) as f:
-      f.seek(offset)
-      data = f.read()
-    end = data.rfind('\n') + 1
-    for line in data[:end].splitlines():
-      record = json.loads(line)
+  def _read_progress(self, offset: int, now: float) -> int:
+    records, offset = logdir_lib.tail_lines(self.logdir, offset)
+    for record in records:
       if 'event' in record:
         continue
       record['wall_s'] = now
@@ -146,7 +137,7 @@ class ProgramRun:
         self.first_env_step_s = now
       if self.first_learner_step_s is None and record.get('learner_steps'):
         self.first_learner_step_s = now
-    return offset + end
+    return offset
 
   def steady_rate(self, key: str = 'env_steps', skip_s: float = 5.0) -> float:
     """`key` per second between the first record `skip_s` after it started moving and

@@ -14,13 +14,14 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 
 import harness
+
+from seedacme.launchers import process
 
 REPO = harness.REPO
 TAG_VAR = 'SEEDACME_SOAK_TAG'
@@ -63,14 +64,11 @@ def main():
   work = tempfile.mkdtemp(prefix='seedacme_soak_')
   logdir = os.path.join(work, 'logdir')
   nodes_dir = os.path.join(logdir, 'nodes') + os.sep
-  env = dict(os.environ, **{TAG_VAR: tag})
-  cmd = [sys.executable, '-m', 'seedacme.launchers.local', args.env, args.agent,
-         str(args.actors), str(args.envs_per_actor), '--max_seconds', str(minutes * 60),
-         '--logdir', logdir, '--progress_interval_s', '10']
-  print(f'soak: {" ".join(cmd[2:])} (warm-up {warmup_s:.0f}s)', flush=True)
+  run_args = [args.env, args.agent, str(args.actors), str(args.envs_per_actor),
+              '--max_seconds', str(minutes * 60), '--progress_interval_s', '10']
+  print(f'soak: run_local {" ".join(run_args)} (warm-up {warmup_s:.0f}s)', flush=True)
   with open(os.path.join(work, 'stdout.txt'), 'w') as out:
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                            start_new_session=True)
+    proc = process.start(run_args, logdir, out, env={TAG_VAR: tag}, cwd=REPO)
     start = time.monotonic()
     baseline, last, samples = None, None, 0
     try:

@@ -62,7 +62,7 @@ def main() -> int:
                         '--max_seconds', str(cap)], f'{env}_{agent}_{k}_{mode}')
       result = run.run(timeout_s=cap + 150)
       summary = result['summary']
-      solved = 'target' in str(summary.get('stopped_because', ''))
+      solved = (summary.get('stop') or {}).get('kind') in ('target', 'eval_target')
       row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
              'K': k, 'target_on': target_on,
              'train_return': summary.get('average_return'),

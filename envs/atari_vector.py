@@ -41,16 +41,14 @@ bit-identical to `BatchedEnv` over `envs/atari.py` for the same actions
 import re
 from typing import Any, NamedTuple
 
-import dm_env
 import numpy as np
 
+from seedacme.accounting import FIRST, LAST, MID
 from seedacme.envs.batched import BatchStep, EpisodeStats
 from seedacme.envs.registry import EnvSpec
 
 MAX_EPISODE_FRAMES = 108_000  # as envs/atari.py
 
-_FIRST, _MID, _LAST = (int(dm_env.StepType.FIRST), int(dm_env.StepType.MID),
-                       int(dm_env.StepType.LAST))
 
 
 class SlotStep(NamedTuple):
@@ -84,7 +82,7 @@ class _Timelines:
               terminated: np.ndarray, truncated: np.ndarray) -> SlotStep:
     first = self._ended[slots]
     ended = (terminated | truncated) & ~first
-    step_type = np.where(first, _FIRST, np.where(ended, _LAST, _MID)).astype(np.int8)
+    step_type = np.where(first, FIRST, np.where(ended, LAST, MID)).astype(np.int8)
     reward = np.where(first, 0.0, reward).astype(np.float32)
     discount = np.where(terminated & ~first, 0.0, 1.0).astype(np.float32)
 

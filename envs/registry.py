@@ -2,7 +2,7 @@
 
 import dataclasses
 import functools
-from typing import Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import dm_env
 import numpy as np
@@ -121,14 +121,26 @@ def make_engine(factory: EnvFactory, num_envs: int, seed: int = 0):
   return BatchedEnv(factory, num_envs, seed=seed)
 
 
-_FACTORIES = {
-    'atari': AtariFactory,
-    'catch': _make_catch,
-    'cartpole': _make_cartpole,
-    'dmlab': _make_dmlab,
-    'football': _make_football,
-}
-ENV_NAMES = tuple(sorted(_FACTORIES))
+# Environments by name: `factory(seed, **kwargs)` (a function, or a factory class such
+# as `AtariFactory` whose instances carry their settings and engine to the actors).
+_FACTORIES: Dict[str, Callable[..., Any]] = {}
+
+
+def register_env(name: str, factory: Callable[..., Any]) -> None:
+  """Makes `name` known to every launcher (`make_factory(name, **kwargs)`)."""
+  _FACTORIES[name] = factory
+
+
+def env_names() -> Tuple[str, ...]:
+  return tuple(sorted(_FACTORIES))
+
+
+register_env('atari', AtariFactory)
+register_env('catch', _make_catch)
+register_env('cartpole', _make_cartpole)
+register_env('dmlab', _make_dmlab)
+register_env('football', _make_football)
+ENV_NAMES = env_names()  # the built-in ones
 
 
 def make_factory(name: str, **kwargs) -> EnvFactory:
@@ -141,9 +153,9 @@ def make_factory(name: str, **kwargs) -> EnvFactory:
     fn = _FACTORIES[name]
   except KeyError:
     raise ValueError(
-        f'Unknown environment {name!r}; known: {", ".join(ENV_NAMES)}') from None
-  if fn is AtariFactory:
-    return AtariFactory(**kwargs)
+        f'Unknown environment {name!r}; known: {", ".join(env_names())}') from None
+  if isinstance(fn, type):  # a factory class (Atari): its instance is the factory
+    return fn(**kwargs)
   engine = kwargs.pop('engine', 'python')
   if engine != 'python':
     raise ValueError(f'{name} has no env engine {engine!r}; only atari has vector engines')

@@ -18,6 +18,7 @@ import threading
 from typing import Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
+from seedacme import logdir as logdir_lib
 from seedacme.curves import write_curves
 from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args,
                                               make_program_inputs)
@@ -34,18 +35,6 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
                       "only loopback, so Courier and Reverb (which bind all interfaces) are "
                       "unreachable from other machines; host: the machine's network")
   return parser.parse_args(argv)
-
-
-def _tail_progress(path: str, offset: int):
-  """New complete JSON lines of `path` after byte `offset`."""
-  if not os.path.exists(path):
-    return [], offset
-  with open(path) as f:
-    f.seek(offset)
-    data = f.read()
-  end = data.rfind('\n') + 1
-  records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-  return records, offset + end
 
 
 class _Console:
@@ -140,8 +129,8 @@ def main(argv: List[str] | None = None) -> int:
     return 2
   # A rerun with the same logdir resumes: progress.jsonl keeps growing (the curve spans
   # every run); only the previous summary goes.
-  if os.path.exists(os.path.join(logdir, 'summary.json')):
-    os.remove(os.path.join(logdir, 'summary.json'))
+  if os.path.exists(os.path.join(logdir, logdir_lib.SUMMARY)):
+    os.remove(os.path.join(logdir, logdir_lib.SUMMARY))
 
   print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
         f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs, '
@@ -165,14 +154,14 @@ def main(argv: List[str] | None = None) -> int:
 
   waiter = threading.Thread(target=wait, daemon=True)
   waiter.start()
-  progress_path = os.path.join(logdir, 'progress.jsonl')
+  progress_path = os.path.join(logdir, logdir_lib.PROGRESS)
   offset = os.path.getsize(progress_path) if os.path.exists(progress_path) else 0
   console = _Console(sys.stdout)
   peak_rss: Dict[str, float] = {}
   while waiter.is_alive():
     waiter.join(0.5)
     _sample_node_memory(logdir, peak_rss)
-    records, offset = _tail_progress(progress_path, offset)
+    records, offset = logdir_lib.tail_lines(logdir, offset)
     for record in records:
       if 'event' in record:
         console.event(f"seedacme: {record['event']}")
@@ -182,17 +171,15 @@ def main(argv: List[str] | None = None) -> int:
   with open(os.path.join(logdir, 'memory.json'), 'w') as f:
     json.dump({'peak_rss_mb': peak_rss}, f, indent=1)
 
-  summary_path = os.path.join(logdir, 'summary.json')
   if failure:
     print(f'seedacme: a node failed: {failure[0]}; node logs in {logdir}/nodes',
           file=sys.stderr)
     return 1
-  if not os.path.exists(summary_path):
+  summary = logdir_lib.read_summary(logdir)
+  if summary is None:
     print(f'seedacme: the program ended without a summary; node logs in {logdir}/nodes',
           file=sys.stderr)
     return 1
-  with open(summary_path) as f:
-    summary = json.load(f)
   print(f"seedacme: done ({summary['stopped_because']}) after "
         f"{summary['elapsed_s']:.0f}s: {summary['env_steps']:,} env steps, "
         f"{summary['episodes']} episodes, {summary['learner_steps']} learner steps")

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 from seedacme import envs
 from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
-from seedacme.envs.registry import ENGINES
+from seedacme.envs.registry import ENGINES, env_names
 
 
 class ProgramArgsError(ValueError):
@@ -24,8 +24,8 @@ class ProgramArgsError(ValueError):
 def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                      max_seconds: float = 120.0, logdir_help: str = '') -> None:
   """Adds the program's flags; the defaults that differ per launcher are arguments."""
-  parser.add_argument('env', choices=envs.ENV_NAMES)
-  parser.add_argument('agent', choices=agents.AGENT_NAMES)
+  parser.add_argument('env', choices=env_names())
+  parser.add_argument('agent', choices=agents.agent_names())
   parser.add_argument('num_actors', type=int)
   parser.add_argument('envs_per_actor', type=int, nargs='?', default=envs_per_actor)
   parser.add_argument('--max_seconds', type=float, default=max_seconds,

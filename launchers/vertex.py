@@ -112,11 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
   """Enough memory for a full replay table (items x bytes per item), x2 + 4 GiB slack."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  config = builder.config
-  if hasattr(config, 'queue_size'):
-    items, steps = config.queue_size, config.unroll_length + 1
-  else:
-    items, steps = config.replay_size, config.sequence_length
+  items, steps = builder.replay_capacity()
   frame = int(np.prod(spec.observation_shape)) * spec.dtype.itemsize
   item_bytes = steps * (frame + 64) + 4096
   return int(2 * items * item_bytes / 2**30) + 4

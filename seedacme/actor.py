@@ -34,7 +34,6 @@ from seedacme.envs.batched import EpisodeStats
 from seedacme.envs.registry import EnvFactory, make_engine
 from seedacme.lifecycle import default_stop_event
 
-SERVER_ERROR_MARKER = 'Python exception was raised on the server'
 
 
 
@@ -153,12 +152,13 @@ class EnvActor:
                             self._actor_id, time.monotonic() - sent)
             next_warning += 30.0
         except Exception as e:  # pylint: disable=broad-except
-          message = str(e)
-          if isinstance(e, protocol.InvalidRequestError) or (
-              SERVER_ERROR_MARKER in message and 'InvalidRequestError' in message):
+          refusal = protocol.as_refusal(e)
+          if refusal is e:
             raise  # Our own request is wrong: retrying cannot help.
+          if refusal is not None:
+            raise refusal from e
           logging.warning('Actor %d: inference call failed (%s); retrying in %.1fs',
-                          self._actor_id, message.strip().splitlines()[-1][:200],
+                          self._actor_id, str(e).strip().splitlines()[-1][:200],
                           backoff)
           self._stop.wait(backoff)
           backoff = min(2 * backoff, 5.0)

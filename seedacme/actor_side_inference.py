@@ -28,7 +28,7 @@ import numpy as np
 
 from seedacme import batcher as batcher_lib
 from seedacme import protocol
-from seedacme.inference import EpisodeLog
+from seedacme.accounting import WIRE_FIELDS, ActingLog, CountsSteps, ActingReport, Episodes, Mode
 from seedacme.lifecycle import default_stop_event
 
 POLICY_VARIABLES = 'policy'
@@ -95,8 +95,8 @@ class ActorSideInference:
     self.server = InferenceServer(policy, spec, config.num_envs, self._sink,
                                   max_batch_envs=num_envs, batch_timeout_s=0.0,
                                   batch_capacity=num_envs)
-    self._episodes: Dict[bool, List[np.ndarray]] = {False: [], True: []}
-    self.server.episodes.listener = self._on_episodes
+    self._episodes: Dict[Mode, List[Episodes]] = {m: [] for m in Mode}
+    self.server.acting.listener = self._on_episodes
     self._variables = builder.policy_network(networks).variables
     actor = self
 
@@ -133,8 +133,8 @@ class ActorSideInference:
         self._stop.wait(backoff)
         backoff = min(2 * backoff, 5.0)
 
-  def _on_episodes(self, greedy: bool, returns: np.ndarray, lengths: np.ndarray) -> None:
-    self._episodes[greedy].append(np.stack([returns, lengths]).astype(np.float64))
+  def _on_episodes(self, mode: Mode, episodes: Episodes) -> None:
+    self._episodes[mode].append(episodes)
 
   def _maybe_report(self) -> None:
     now = time.monotonic()
@@ -148,20 +148,21 @@ class ActorSideInference:
     server = self.server
     steps = (server.env_steps, server.eval_env_steps)
     stats = server.batch_stats(reset=True)
-    report = {
+    episodes = {}
+    for mode in Mode:
+      done, self._episodes[mode] = self._episodes[mode], []
+      episodes[mode] = Episodes(*(np.concatenate(x) for x in zip(*done))) if done \
+          else Episodes.none()
+    acting = ActingReport({Mode.TRAIN: steps[0] - self._reported[0],
+                           Mode.EVAL: steps[1] - self._reported[1]}, episodes)
+    self._reported = steps
+    return {
         'source': self._first_env_id,
-        'env_steps': steps[0] - self._reported[0],
-        'eval_env_steps': steps[1] - self._reported[1],
         'batches': stats.batches, 'units': stats.units, 'full_batches': stats.full_batches,
         'mean_latency_ms': stats.mean_latency_ms, 'p99_latency_ms': stats.p99_latency_ms,
         'trajectory': server.trajectory_stats(),
+        **acting.to_wire(),
     }
-    for greedy, key in ((False, 'train_episodes'), (True, 'eval_episodes')):
-      done = self._episodes[greedy]
-      report[key] = np.concatenate(done, axis=1) if done else np.zeros((2, 0))
-      self._episodes[greedy] = []
-    self._reported = steps
-    return report
 
   def _serve(self, request: Dict[str, Any]) -> Dict[str, Any]:
     self._variable_client.update()
@@ -179,10 +180,7 @@ class ActorSideInference:
 
   def close(self) -> None:
     self._executor.shutdown(wait=True)
-    self.server.stop_intake()
-    if self._sink is not None:
-      self._sink.close()
-    self.server.close()
+    self.server.shutdown()
 
 
 def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
@@ -211,7 +209,7 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
     inference.close()
 
 
-class ActingReports:
+class ActingReports(CountsSteps):
   """The central node's view of acting when actors run their own inference.
 
   Offers what `CentralNode` reads from its `InferenceServer` -- env step counts, the
@@ -220,9 +218,7 @@ class ActingReports:
 
   def __init__(self, envs_per_actor: int):
     self._lock = threading.Lock()
-    self.episodes = EpisodeLog()
-    self.env_steps = 0
-    self.eval_env_steps = 0
+    self.acting = ActingLog()
     self.actor_restarts = 0
     self.requests_refused = 0
     self.max_batch_envs = self.batch_capacity = envs_per_actor
@@ -245,8 +241,6 @@ class ActingReports:
     report = check_report(report)
     source = int(report['source'])
     with self._lock:
-      self.env_steps += int(report['env_steps'])
-      self.eval_env_steps += int(report['eval_env_steps'])
       batches = int(report['batches'])
       self._batches += batches
       self._units += int(report['units'])
@@ -257,10 +251,8 @@ class ActingReports:
         self._p99 = p99 if np.isnan(self._p99) else max(self._p99, p99)
       if report['trajectory']:
         self._trajectory[source] = dict(report['trajectory'])
-    for greedy, key in ((False, 'train_episodes'), (True, 'eval_episodes')):
-      returns, lengths = np.asarray(report[key], np.float64).reshape(2, -1)
-      if returns.size:
-        self.episodes.record(greedy, returns, lengths.astype(np.int64))
+    self.acting.add_report(ActingReport.from_wire(report))
+
 
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     with self._lock:
@@ -285,28 +277,23 @@ class ActingReports:
           total[k] = total.get(k, 0) + v
       return total
 
-  def stop_intake(self) -> None:
-    self._closed = True
-
-  def close(self) -> None:
+  def shutdown(self) -> None:
+    """Further `step` calls get a `shutting_down` reply."""
     self._closed = True
 
 
 def check_report(report: Any) -> Dict[str, Any]:
   """Validates a `report_acting` payload; a malformed one fails only its caller."""
-  required = ('source', 'env_steps', 'eval_env_steps', 'batches', 'units', 'full_batches',
-              'mean_latency_ms', 'p99_latency_ms', 'trajectory',
-              'train_episodes', 'eval_episodes')
+  required = ('source', 'batches', 'units', 'full_batches', 'mean_latency_ms',
+              'p99_latency_ms', 'trajectory') + WIRE_FIELDS
   if not isinstance(report, dict):
     raise protocol.InvalidRequestError(
         f'report_acting expects a dict, got {type(report).__name__}')
   missing = [k for k in required if k not in report]
   if missing:
     raise protocol.InvalidRequestError(f'report_acting: missing fields {missing}')
-  for key in ('train_episodes', 'eval_episodes'):
-    value = np.asarray(report[key])
-    if value.ndim != 2 or value.shape[0] != 2:
-      raise protocol.InvalidRequestError(
-          f'report_acting: {key} must have shape [2, n] (returns, lengths), got '
-          f'{value.shape}')
+  try:
+    ActingReport.from_wire(report)
+  except (TypeError, ValueError) as e:
+    raise protocol.InvalidRequestError(f'report_acting: {e}') from None
   return report

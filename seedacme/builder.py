@@ -15,7 +15,7 @@ knows nothing about V-trace or R2D2.
 """
 
 import abc
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from seedacme.envs.registry import EnvSpec
 from seedacme.policy import ServerPolicy
@@ -81,6 +81,10 @@ class SeedBuilder(abc.ABC):
     with fresher unrolls, so the default is None.
     """
     return None
+
+  def replay_capacity(self) -> Tuple[int, int]:
+    """(items, steps per item) the replay holds when full, to size its machine (Vertex)."""
+    raise NotImplementedError(f'{type(self).__name__} does not say its replay capacity')
 
   @abc.abstractmethod
   def make_replay_tables(self, spec: EnvSpec) -> List[Any]:

@@ -1,9 +1,17 @@
-"""The central node: inference server and learner in one process, one set of variables.
+"""The central node: inference and learning in one process, one set of variables.
 
-Launchpad runs it as a Courier node. Courier handler threads call `step` (inference
-for actors); `run` is the learner loop, which also writes progress and enforces the
-program's budget. Both use the same network objects, so inference always runs the
-latest parameters and no parameters cross the network.
+Launchpad runs it as a Courier node. It wires together parts that each have one job:
+
+    acting source   `InferenceServer` (central inference: Courier handler threads call
+                    `step`) or `ActingReports` (actor-side inference: actors call
+                    `report_acting`); both count acting the same way (`ActingLog`)
+    learner loop    `LearnerLoop`: the agent's learner on a background thread
+    run monitor     `RunMonitor`: progress records, budgets and targets, the summary
+    checkpoints     `Checkpointer` (periodic, at the end, resume) and `export_policy`
+
+`run` is the node's main loop and `shutdown` its one shutdown sequence. Inference and
+learning use the same network objects, so inference always runs the latest parameters
+and no parameters cross the network.
 """
 
 import os
@@ -14,6 +22,7 @@ from typing import Any, Callable, Dict, List, Sequence
 from absl import logging
 import numpy as np
 
+from seedacme.accounting import Mode
 from seedacme.actor_side_inference import POLICY_VARIABLES, ActingReports
 from seedacme.builder import SeedBuilder
 from seedacme.checkpointing import Checkpointer, export_policy
@@ -21,11 +30,32 @@ from seedacme.config import ProgramConfig
 from seedacme.devices import compute_device
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
+from seedacme.learner_loop import LearnerLoop
 from seedacme.lifecycle import default_stop_event
-from seedacme.protocol import InvalidRequestError
-from seedacme.progress import ProgressWriter, format_line
+from seedacme.monitor import RunMonitor, StopKind, StopReason
+from seedacme.progress import format_line
 
 
+def make_acting_source(builder: SeedBuilder, networks: Any, spec: EnvSpec,
+                       config: ProgramConfig, replay: Any):
+  """The central node's side of acting: an `InferenceServer` (central inference, its
+  batch step compiled) or `ActingReports` (actors run their own policy copies)."""
+  if config.inference != 'central':
+    return ActingReports(config.envs_per_actor)
+  policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
+  sink = builder.make_trajectory_sink(replay, config.num_envs, spec) if config.train \
+      else None
+  server = InferenceServer(
+      policy, spec, config.num_envs, sink,
+      max_batch_envs=config.inference_batch_envs or config.num_train_envs,
+      batch_timeout_s=config.inference_timeout_ms / 1e3)
+  # Compile the batch sizes every run sees (one actor's request, all actors' requests
+  # together) before serving; other sizes compile on first use.
+  started = time.monotonic()
+  policy.warm_up([config.envs_per_actor, config.num_train_envs])
+  logging.info('Inference batch step compiled in %.1fs (device %s)',
+               time.monotonic() - started, getattr(policy, 'device', 'host'))
+  return server
 
 
 class CentralNode:
@@ -35,40 +65,19 @@ class CentralNode:
                replay: Any, counter: Any = None,
                stop_program: Callable[[], None] | None = None,
                stop_event: threading.Event | None = None):
+    del counter  # no counter node (README, Departures); kept for old programs
     self._builder = builder
     self._config = config
-    self._replay = replay
-    self._counter = counter
     self._stop_program = stop_program
     self._stop = stop_event
-    self._progress = ProgressWriter(config.logdir)
+    self._spec = spec
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
     self._networks = builder.make_networks(spec)
     self._policy_variables = builder.policy_network(self._networks).variables
-    self._sink = None
-    if config.inference == 'central':
-      policy = builder.make_policy(self._networks, spec, config.num_train_envs,
-                                   config.num_envs)
-      if config.train:
-        self._sink = builder.make_trajectory_sink(replay, config.num_envs, spec)
-      self.server = InferenceServer(
-          policy, spec, config.num_envs, self._sink,
-          max_batch_envs=config.inference_batch_envs or config.num_train_envs,
-          batch_timeout_s=config.inference_timeout_ms / 1e3)
-      # Compile the batch sizes every run sees (one actor's request, all actors'
-      # requests together) before serving; other sizes compile on first use.
-      started = time.monotonic()
-      policy.warm_up([config.envs_per_actor, config.num_train_envs])
-      logging.info('Inference batch step compiled in %.1fs (device %s)',
-                   time.monotonic() - started, getattr(policy, 'device', 'host'))
-    else:
-      # Actors run their own policy copies and report what they did.
-      self.server = ActingReports(config.envs_per_actor)
+    self.server = make_acting_source(builder, self._networks, spec, config, replay)
     self.learner = builder.make_learner(self._networks, replay, spec)
-    self.learner_steps = 0
-    self.last_metrics: Dict[str, float] = {}
-    self.last_record: Dict[str, Any] = {}
-    self._spec = spec
+    self.monitor = RunMonitor(config, self.server, replay)
+    self.learner_steps = 0  # restored on resume; the learner loop continues from it
     self._checkpointer = None
     self.resumed_from: int | None = None
     if config.checkpoint_interval_s is not None:
@@ -77,14 +86,14 @@ class CentralNode:
                                         config.checkpoint_interval_s)
       restored = self._checkpointer.restore()
       if restored is not None:
-        self.resumed_from = restored['learner_steps']
-        self.learner_steps = restored['learner_steps']
-        self.server.env_steps = restored['env_steps']
-        self.server.episodes.episodes[False] = restored['episodes']
-        self._progress.log_event(f'resumed from checkpoint at learner step '
-                                 f'{self.learner_steps}, env step {self.server.env_steps}')
-    self._start = time.monotonic()
-    self._last = (self._start, self.server.env_steps, self.learner_steps)
+        self.resumed_from = self.learner_steps = restored['learner_steps']
+        self.server.acting.restore(restored['env_steps'], restored['episodes'])
+        self.monitor.progress.log_event(
+            f'resumed from checkpoint at learner step {self.learner_steps}, env step '
+            f'{self.server.acting.env_steps()}')
+    self.monitor.restart_clock(self.learner_steps)
+    self.loop: LearnerLoop | None = None
+    self.stop_reason: StopReason | None = None
     logging.info('Central node ready (%s inference%s): %d envs (%d training), batch of '
                  '%d envs, timeout %.1f ms', config.inference,
                  '' if config.train else ', acting only', config.num_envs,
@@ -98,7 +107,7 @@ class CentralNode:
 
   def progress(self) -> Dict[str, Any]:
     """The latest progress record."""
-    return dict(self.last_record)
+    return dict(self.monitor.last_record)
 
   def get_variables(self, names: Sequence[str]) -> List[List[np.ndarray]]:
     """Acme's `VariableSource`: the policy's parameters, for actor-side inference."""
@@ -110,83 +119,21 @@ class CentralNode:
 
   def report_acting(self, report: Dict[str, Any]) -> None:
     """Progress from an actor that runs its own inference (`inference='actor'`)."""
-    if not isinstance(self.server, ActingReports):
-      raise InvalidRequestError('report_acting: this program runs central inference')
     self.server.report(report)
 
-  # ---- learner loop ----------------------------------------------------------------
-  def _replay_stats(self) -> Dict[str, Any]:
-    """Size, inserts and samples over all Reverb tables (None when unreachable)."""
-    try:
-      tables = self._replay.server_info(timeout=1).values()
-      return {
-          'replay_size': int(sum(t.current_size for t in tables)),
-          'replay_inserts': int(sum(t.rate_limiter_info.insert_stats.completed for t in tables)),
-          'replay_samples': int(sum(t.rate_limiter_info.sample_stats.completed for t in tables)),
-      }
-    except Exception:  # pylint: disable=broad-except
-      return {'replay_size': None, 'replay_inserts': None, 'replay_samples': None}
-
-  def _record(self) -> Dict[str, Any]:
-    now = time.monotonic()
-    t0, env0, learn0 = self._last
-    dt = max(now - t0, 1e-9)
-    server = self.server
-    train, evaluation = server.episodes.summary(False), server.episodes.summary(True)
-    batch = server.batch_stats(reset=True)
-    record = {
-        'elapsed_s': now - self._start,
-        'env_steps': server.env_steps,
-        'env_steps_per_s': (server.env_steps - env0) / dt,
-        'episodes': train['episodes'],
-        'average_return': train['average_return'],
-        'average_length': train['average_length'],
-        'eval_episodes': evaluation['episodes'],
-        'eval_average_return': evaluation['average_return'],
-        'learner_steps': self.learner_steps,
-        'learner_steps_per_s': (self.learner_steps - learn0) / dt,
-        **self._replay_stats(),
-        'inference_batches': batch.batches,
-        'batch_fill': batch.mean_batch_units / server.batch_capacity,
-        'latency_ms': batch.mean_latency_ms,
-        'latency_p99_ms': batch.p99_latency_ms,
-        'actor_restarts': server.actor_restarts,
-        'requests_refused': server.requests_refused,
-    }
-    record.update({f'trajectory_{k}': v for k, v in server.trajectory_stats().items()})
-    record.update({f'learner_{k}': v for k, v in self.last_metrics.items()})
-    self._last = (now, server.env_steps, self.learner_steps)
-    return record
-
-  def _budget_reached(self, record: Dict[str, Any]) -> str | None:
-    c = self._config
-    if c.max_learner_steps is not None and self.learner_steps >= c.max_learner_steps:
-      return f'reached {c.max_learner_steps} learner steps'
-    if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
-      return f'reached {c.max_env_steps} env steps'
-    if c.max_seconds is not None and record['elapsed_s'] >= c.max_seconds:
-      return f'reached the time budget of {c.max_seconds:.0f}s'
-    if c.target_return is not None:
-      prefix, needed = ('eval_', 20) if c.target_on == 'eval' else ('', 100)
-      value = record[f'{prefix}average_return']
-      if record[f'{prefix}episodes'] >= needed and value >= c.target_return:
-        return f'{prefix}average return {value:.3f} >= target {c.target_return}'
-    return None
+  # ---- the run -----------------------------------------------------------------------
+  def _learner_state(self):
+    loop = self.loop
+    return (loop.steps, loop.metrics) if loop is not None else (self.learner_steps, {})
 
   def _counters(self) -> Dict[str, int]:
-    return {'learner_steps': self.learner_steps, 'env_steps': self.server.env_steps,
-            'episodes': self.server.episodes.episodes[False]}
-
-  def _final_record(self) -> Dict[str, Any]:
-    final = self._record()
-    final['stopped_because'] = self._budget_reason or (
-        'learner failed' if self._learner_error else 'stop requested')
-    final['resumed_from_learner_step'] = self.resumed_from
-    return final
+    return {'learner_steps': self._learner_state()[0],
+            'env_steps': self.server.acting.env_steps(),
+            'episodes': self.server.acting.episodes(Mode.TRAIN)}
 
   def _finish_run(self) -> None:
     """At the budget: summary, last checkpoint and the policy as a SavedModel."""
-    self._progress.write_summary(self._final_record())  # rewritten at shutdown
+    self.monitor.summarize(*self._learner_state(), self.stop_reason, self.resumed_from)
     if self._checkpointer is not None:
       self._checkpointer.save(self._counters())
     if self._config.export_policy:
@@ -194,89 +141,57 @@ class CentralNode:
       export_policy(self._builder.policy_network(self._networks), self._spec, path)
       logging.info('Exported the policy to %s', path)
 
-  def _learn(self) -> None:
-    """The learner loop (a background thread): SGD steps until stopped or at the budget."""
-    max_steps = self._config.max_learner_steps
-    try:
-      started = time.monotonic()
-      self.learner.warm_up()  # while actors start and the replay fills
-      logging.info('Learner step traced in %.1fs', time.monotonic() - started)
-      while not self._stop.is_set() and self._budget_reason is None:
-        if max_steps is not None and self.learner_steps >= max_steps:
-          break  # The main thread notices the budget at its next check.
-        metrics = self.learner.step()
-        if metrics is not None:
-          self.learner_steps += 1
-          self.last_metrics = metrics
-          if self._config.learner_step_delay_s:
-            self._stop.wait(self._config.learner_step_delay_s)
-    except BaseException as e:  # pylint: disable=broad-except
-      logging.exception('Learner failed')
-      self._learner_error = e
-    finally:
-      self._learner_done.set()
-
-  def _report(self) -> None:
-    """Progress record, periodic checkpoint and budget check (main thread)."""
-    self.last_record = self._record()
-    self._progress.write(self.last_record)
-    if self._checkpointer is not None:
-      self._checkpointer.maybe_save(self._counters())
-    self._budget_reason = self._budget_reached(self.last_record)
-
   def run(self) -> None:
     """Trains until the stop event or the budget; then shuts the program down.
 
-    The learner steps in a background thread. This (main) thread reports progress,
-    checkpoints and checks the budget on its own clock -- a slow learner step does not
-    delay them -- and stays free to run Launchpad's SIGTERM handler even while the
-    learner blocks in Reverb.
+    The learner steps in a background thread (`LearnerLoop`). This (main) thread
+    reports progress, checkpoints and checks the budget on its own clock.
     """
     if self._stop is None:
       self._stop = default_stop_event()
-    self._budget_reason = None
-    self._learner_error = None
-    self._learner_done = threading.Event()
-    learner_thread = threading.Thread(target=self._learn, name='learner', daemon=True)
-    if self._config.train:
-      learner_thread.start()
-    max_steps = self._config.max_learner_steps
-    next_progress = time.monotonic() + self._config.progress_interval_s
+    c = self._config
+    self.loop = loop = LearnerLoop(self.learner, self._stop, c.max_learner_steps,
+                                   c.learner_step_delay_s,
+                                   should_stop=lambda: self.stop_reason is not None,
+                                   steps=self.learner_steps)
+    if c.train:
+      loop.start()
+    next_progress = time.monotonic() + c.progress_interval_s
     try:
-      while not self._stop.wait(0.2) and self._budget_reason is None:
-        at_max_steps = max_steps is not None and self.learner_steps >= max_steps
-        if time.monotonic() >= next_progress or at_max_steps:
-          next_progress = time.monotonic() + self._config.progress_interval_s
-          self._report()
-        if self._learner_done.is_set() and not at_max_steps:
+      while not self._stop.wait(0.2) and self.stop_reason is None:
+        if time.monotonic() >= next_progress or loop.at_max_steps:
+          next_progress = time.monotonic() + c.progress_interval_s
+          self.stop_reason = self.monitor.report(loop.steps, loop.metrics)
+          if self._checkpointer is not None:
+            self._checkpointer.maybe_save(self._counters())
+        if loop.done.is_set() and not loop.at_max_steps:
           break  # The learner failed.
-      reason = self._budget_reason
-      if reason and self._stop_program is not None:
+      if self.stop_reason is not None and self._stop_program is not None:
         # Ask the launcher to stop every node; keep serving until our own stop signal
         # arrives so actors are not left retrying against a closed server.
-        logging.info('Budget reached (%s): stopping the program', reason)
+        logging.info('Budget reached (%s): stopping the program',
+                     self.stop_reason.sentence())
         self._finish_run()
         self._stop_program()
         self._stop.wait(60)
     finally:
       self._stop.set()
-      if self._config.train:
-        learner_thread.join(3)
-      if learner_thread.is_alive():
+      if not loop.join(3):
         logging.warning('Learner thread still blocked after 3s; exiting without it')
-      elif self._checkpointer is not None and not self._budget_reason:
+      elif self._checkpointer is not None and self.stop_reason is None:
         self._checkpointer.save(self._counters())  # Stopped early: keep what was learned.
-      final = self._final_record()
-      self._progress.write_summary(final)
+      reason = self.stop_reason or StopReason(
+          StopKind.LEARNER_FAILED if loop.error else StopKind.STOP_REQUESTED)
+      final = self.monitor.summarize(*self._learner_state(), reason, self.resumed_from)
       logging.info('Central node stopping (%s): %s', final['stopped_because'],
                    format_line(final))
-      # Refuse new requests, then close the sink (a batch blocked on a full table ends
-      # at once), then stop the batcher: no waiting out timeouts.
-      self.server.stop_intake()
-      if self._sink is not None:
-        self._sink.close()
-      self.server.close()
-      self.learner.close()
-    if self._learner_error is not None:
-      raise self._learner_error
+      self.shutdown()
+    if loop.error is not None:
+      raise loop.error
 
+  def shutdown(self) -> None:
+    """Stops serving and learning, without waiting out timeouts: new requests are
+    refused, the trajectory sink closes (a batch blocked on a full table ends at once),
+    then the batcher stops and the learner releases its dataset."""
+    self.server.shutdown()
+    self.learner.close()

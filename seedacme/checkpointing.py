@@ -34,10 +34,6 @@ class Checkpointer:
     self._last_save = time.monotonic()
     self.saves = 0
 
-  @property
-  def directory(self) -> str:
-    return self._manager.directory
-
   def restore(self) -> Dict[str, int] | None:
     """Restores the latest checkpoint; returns its counters (None: fresh start)."""
     path = self._manager.latest_checkpoint

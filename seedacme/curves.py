@@ -7,45 +7,21 @@ of a local run does not import TensorFlow.
 
 import csv
 import io
-import json
 import os
-from typing import Dict, List
+from typing import Dict
 
+from seedacme.logdir import open_file, read_progress
 
-def _open(path: str, mode: str = 'r'):
-  if '://' not in path:
-    return open(path, mode, newline='' if 'b' not in mode else None)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if 'w' in mode and tf.io.gfile.exists(path):
-    tf.io.gfile.remove(path)  # not every TF file system truncates (see progress.rewrite)
-  return tf.io.gfile.GFile(path, mode)
-
-
-def _exists(path: str) -> bool:
-  if '://' not in path:
-    return os.path.exists(path)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile.exists(path)
 
 COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',
            'eval_average_return', 'env_steps_per_s', 'learner_steps_per_s')
-
-
-def read_progress(logdir: str) -> List[Dict]:
-  """Progress records (events left out), across resumed runs in file order."""
-  path = os.path.join(logdir, 'progress.jsonl')
-  if not _exists(path):
-    return []
-  with _open(path) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  return [r for r in records if 'event' not in r]
 
 
 def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   """Writes `curve.csv` and `curve.png` (return vs env steps); returns their paths."""
   records = read_progress(logdir)
   csv_path = os.path.join(logdir, 'curve.csv')
-  with _open(csv_path, 'w') as f:
+  with open_file(csv_path, 'w') as f:
     writer = csv.writer(f)
     writer.writerow(COLUMNS)
     for r in records:
@@ -69,6 +45,6 @@ def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=100)
   plt.close(fig)
-  with _open(png_path, 'wb') as f:
+  with open_file(png_path, 'wb') as f:
     f.write(png.getvalue())
   return {'csv': csv_path, 'png': png_path}

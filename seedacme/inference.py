@@ -14,79 +14,40 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
 6. returns each caller its slice of the actions.
 """
 
-import collections
-import threading
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from absl import logging
-import dm_env
 import numpy as np
 import tree
 
 from seedacme import batcher as batcher_lib
 from seedacme import protocol
+from seedacme.accounting import FIRST, LAST, ActingLog, CountsSteps, Episodes, EpisodeTracker, Mode
 from seedacme.envs.registry import EnvSpec
 from seedacme.lifecycle import ShutdownError
 from seedacme.policy import ServerPolicy
 
 Nest = Any
 
-_FIRST = int(dm_env.StepType.FIRST)
-_LAST = int(dm_env.StepType.LAST)
-
-
 class EnvRuns:
-  """Host-side bookkeeping per global env id: its actor's run id and the episode so far.
+  """Host-side bookkeeping per global env id: its actor's run id.
 
-  The recurrent state itself lives with the policy (on the device, `seedacme.tf_policy`).
+  The recurrent state itself lives with the policy (on the device, `seedacme.tf_policy`);
+  the episode in progress with the server's `EpisodeTracker`.
   """
 
   def __init__(self, num_envs: int):
     self.num_envs = num_envs
     self.run_ids = np.full(num_envs, -1, np.int64)
-    self.episode_return = np.zeros(num_envs, np.float64)
-    self.episode_length = np.zeros(num_envs, np.int64)
 
 
-class EpisodeLog:
-  """Finished episodes seen by the server, kept apart for training and evaluation."""
-
-  def __init__(self, window: int = 100, eval_window: int = 20):
-    """Averages cover the last `window` training / `eval_window` evaluation episodes."""
-    self._lock = threading.Lock()
-    self.returns = {False: collections.deque(maxlen=window),
-                    True: collections.deque(maxlen=eval_window)}
-    self.lengths = {False: collections.deque(maxlen=window),
-                    True: collections.deque(maxlen=eval_window)}
-    self.episodes = {False: 0, True: 0}
-    # Called with every recorded batch (actor-side inference forwards them to the
-    # central node's progress).
-    self.listener: Callable[[bool, np.ndarray, np.ndarray], None] | None = None
-
-  def record(self, greedy: bool, returns: np.ndarray, lengths: np.ndarray) -> None:
-    with self._lock:
-      self.returns[greedy].extend(returns.tolist())
-      self.lengths[greedy].extend(lengths.tolist())
-      self.episodes[greedy] += len(returns)
-    if self.listener is not None:
-      self.listener(greedy, returns, lengths)
-
-  def summary(self, greedy: bool) -> Dict[str, float]:
-    with self._lock:
-      r = list(self.returns[greedy])
-      n = list(self.lengths[greedy])
-      return {'episodes': self.episodes[greedy],
-              'average_return': float(np.mean(r)) if r else float('nan'),
-              'average_length': float(np.mean(n)) if n else float('nan')}
-
-
-class InferenceServer:
+class InferenceServer(CountsSteps):
   """Serves `step(request)` for all actors of a program from one batched policy."""
 
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
                trajectory_sink=None, max_batch_envs: int | None = None,
                batch_timeout_s: float = 0.002, max_request_envs: int = 4096,
-               batch_capacity: int | None = None):
+               batch_capacity: int | None = None, acting: ActingLog | None = None):
     """Creates the server (no thread of its own: see `seedacme.batcher`).
 
     Args:
@@ -101,6 +62,8 @@ class InferenceServer:
       max_request_envs: refuse requests with more envs than this (payload bound).
       batch_capacity: the most envs one batch can hold, for the reported fill
         (default `num_envs`: every env has at most one step in flight).
+      acting: where served steps and finished episodes are counted (default: a new
+        `ActingLog`, the server's own).
     """
     if getattr(policy, 'num_envs', num_envs) < num_envs:
       raise ValueError(f'the policy holds state for {policy.num_envs} envs; the server '
@@ -112,9 +75,8 @@ class InferenceServer:
     self._max_request_envs = max_request_envs
     self.batch_capacity = batch_capacity or num_envs
     self._runs = EnvRuns(num_envs)
-    self.episodes = EpisodeLog()
-    self.env_steps = 0  # training env steps served
-    self.eval_env_steps = 0
+    self._episodes = EpisodeTracker(num_envs)
+    self.acting = acting if acting is not None else ActingLog()
     self.actor_restarts = 0
     self.requests_refused = 0
     self._batcher = batcher_lib.RequestBatcher(
@@ -168,10 +130,9 @@ class InferenceServer:
       observation = np.concatenate([r.observation for r in batch])
       greedy = np.concatenate([np.full(r.size, r.greedy) for r in batch])
     restarted = self._note_restarts(env_ids, run_ids)
-    first = step_type == _FIRST
-    self._track_episodes(env_ids, first, reward)
+    finished = self._episodes.observe(env_ids, step_type, reward)
 
-    out = self._policy.step(env_ids, observation, first | restarted, greedy)
+    out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted, greedy)
     action = out.action
 
     train = ~greedy
@@ -184,10 +145,13 @@ class InferenceServer:
               'extras': {k: pick(v) for k, v in out.extras.items()},
               'state': tree.map_structure(pick, out.state)}
       self._sink.add(pick(env_ids), step)
-    self._record_finished_episodes(env_ids, step_type, greedy)
     trained = int(train.sum())
-    self.env_steps += trained
-    self.eval_env_steps += len(env_ids) - trained
+    self.acting.add_steps(Mode.TRAIN, trained)
+    self.acting.add_steps(Mode.EVAL, len(env_ids) - trained)
+    if len(finished.ids):
+      ended_greedy = greedy[step_type == LAST]  # `finished` is in batch order
+      for mode, pick in ((Mode.TRAIN, ~ended_greedy), (Mode.EVAL, ended_greedy)):
+        self.acting.add_episodes(mode, Episodes(*(x[pick] for x in finished)))
 
     offset = 0
     for i, r in zip(accepted, batch):
@@ -209,30 +173,10 @@ class InferenceServer:
       logging.info('Run id changed for %d envs (actor restart): resetting their '
                    'state and dropping partial trajectories', known.size)
     runs.run_ids[restarted] = run_ids[changed]
-    runs.episode_return[restarted] = 0
-    runs.episode_length[restarted] = 0
+    self._episodes.forget(restarted)
     if self._sink is not None:
       self._sink.reset(restarted)
     return changed
-
-  def _track_episodes(self, env_ids: np.ndarray, first: np.ndarray,
-                      reward: np.ndarray) -> None:
-    """Returns and lengths accumulate; an episode start zeroes them."""
-    runs = self._runs
-    runs.episode_return[env_ids] = np.where(first, 0.0,
-                                            runs.episode_return[env_ids] + reward)
-    runs.episode_length[env_ids] = np.where(first, 0, runs.episode_length[env_ids] + 1)
-
-  def _record_finished_episodes(self, env_ids: np.ndarray, step_type: np.ndarray,
-                                greedy: np.ndarray) -> None:
-    last = step_type == _LAST
-    if not last.any():
-      return
-    for is_greedy in (False, True):
-      ended = env_ids[last & (greedy == is_greedy)]
-      if ended.size:
-        self.episodes.record(is_greedy, self._runs.episode_return[ended],
-                             self._runs.episode_length[ended])
 
   def state_of(self, env_ids) -> Any:
     """The stored recurrent state of these envs (the policy's device table)."""
@@ -254,9 +198,27 @@ class InferenceServer:
     """The policy runs once this many envs wait (or at the timeout)."""
     return self._batcher.max_batch_size
 
+  def report(self, report: Dict[str, Any]) -> None:
+    """`report_acting` is for actor-side inference (`ActingReports`): refused here."""
+    del report
+    raise protocol.InvalidRequestError('report_acting: this program runs central inference')
+
+  @property
+  def trajectory_sink(self):
+    """Where served training steps go (None when serving without recording)."""
+    return self._sink
+
   def stop_intake(self) -> None:
     """New requests get a `shutting_down` reply; the batch in flight may finish."""
     self._batcher.stop_intake()
 
   def close(self) -> None:
     self._batcher.close()
+
+  def shutdown(self) -> None:
+    """Refuses new requests, closes the sink (a batch blocked on a full table ends at
+    once), then stops the batcher: no waiting out timeouts."""
+    self.stop_intake()
+    if self._sink is not None:
+      self._sink.close()
+    self.close()

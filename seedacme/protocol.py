@@ -39,6 +39,28 @@ class InvalidRequestError(ValueError):
   """A request the inference server refuses; the message says why."""
 
 
+# Courier hands a client the server's exception as a RuntimeError whose text starts
+# with this, then names the exception's type: the only form a refusal can take on the
+# wire, read in one place (`as_refusal`).
+SERVER_ERROR_MARKER = 'Python exception was raised on the server'
+
+
+class RemoteRefusalError(InvalidRequestError, RuntimeError):
+  """A refusal the server sent back through Courier (which raises it as RuntimeError)."""
+
+
+def as_refusal(error: BaseException) -> InvalidRequestError | None:
+  """`error` of an inference call as an `InvalidRequestError` when the server refused
+  the request (raised in-process, or sent back by Courier); None for other failures
+  (server unreachable, restarting), which a caller may retry."""
+  if isinstance(error, InvalidRequestError):
+    return error
+  message = str(error)
+  if SERVER_ERROR_MARKER in message and InvalidRequestError.__name__ in message:
+    return RemoteRefusalError(message.strip().splitlines()[-1])
+  return None
+
+
 class Request(NamedTuple):
   """A validated request (arrays converted to their canonical dtypes)."""
   env_ids: np.ndarray  # int64 [K]

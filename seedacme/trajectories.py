@@ -63,10 +63,6 @@ class SequenceAssembler:
     self._count = np.zeros(num_envs, np.int64)
     self.sequences_emitted = 0
 
-  @property
-  def length(self) -> int:
-    return self._length
-
   def _allocate(self, step: Nest) -> None:
     self._structure = step
     self._buffers = [
@@ -259,24 +255,22 @@ class ReverbSequenceWriter:
                    time.monotonic() - started)
 
   def _flush(self, writer) -> None:
+    from reverb import errors as reverb_errors  # pylint: disable=g-import-not-at-top
     stalled_since = time.monotonic()
     while not self._closed.is_set():
       try:
         writer.flush(timeout_ms=self._flush_timeout_ms)
         return
-      except Exception as e:  # pylint: disable=broad-except
-        if 'DeadlineExceeded' in type(e).__name__ or 'did not complete' in str(e):
-          # The table is full (its rate limiter holds us back) -- or our stream died
-          # with the server, which a flush shows only as a timeout, also after a new
-          # server took the port. Every few seconds, look which one it is.
-          if time.monotonic() - stalled_since > self._stall_check_s:
-            if self._stream_lost():
-              raise ConnectionError('no flush for %.0fs and the table would accept '
-                                    'inserts (or the server does not answer): the stream '
-                                    'is lost' % (time.monotonic() - stalled_since)) from e
-            stalled_since = time.monotonic()
-          continue
-        raise
+      except reverb_errors.DeadlineExceededError as e:
+        # The table is full (its rate limiter holds us back) -- or our stream died
+        # with the server, which a flush shows only as a timeout, also after a new
+        # server took the port. Every few seconds, look which one it is.
+        if time.monotonic() - stalled_since > self._stall_check_s:
+          if self._stream_lost():
+            raise ConnectionError('no flush for %.0fs and the table would accept '
+                                  'inserts (or the server does not answer): the stream '
+                                  'is lost' % (time.monotonic() - stalled_since)) from e
+          stalled_since = time.monotonic()
 
   def _table_accepts_inserts(self) -> bool:
     """Whether the table's rate limiter would admit an insert now (raises if unreachable)."""

@@ -35,6 +35,9 @@ class R2D2Builder(builder_lib.SeedBuilder):
   def __init__(self, config: R2D2Config = R2D2Config()):
     self.config = config
 
+  def replay_capacity(self) -> Tuple[int, int]:
+    return self.config.replay_size, self.config.sequence_length
+
   @property
   def replay_checkpoint_interval_s(self) -> float | None:
     return self.config.replay_checkpoint_interval_s

@@ -4,18 +4,16 @@ then new priorities back to Reverb and a periodic target-network copy."""
 from typing import Any, Dict
 
 from absl import logging
-import dm_env
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
+from seedacme.accounting import FIRST, LAST
 from seedacme.builder import Learner
 from seedacme.datasets import ReverbBatches, batch_specs, time_major
 
-_FIRST = int(dm_env.StepType.FIRST)
-_LAST = int(dm_env.StepType.LAST)
 
 
 
@@ -31,7 +29,7 @@ def sequence_loss(network: snt.Module, target_network: snt.Module,
   """Loss and priorities of a batch of sequences (batch-major, as stored in Reverb)."""
   observation = time_major(batch['observation'])
   step_type = time_major(batch['step_type'])
-  first = tf.equal(step_type, _FIRST)
+  first = tf.equal(step_type, FIRST)
   state = batch['initial_state']
   target_state = state
   b = config.burn_in
@@ -46,7 +44,7 @@ def sequence_loss(network: snt.Module, target_network: snt.Module,
   if config.reward_clip is not None:
     rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
   discounts = config.discount * tf.cast(time_major(batch['discount'])[b + 1:], tf.float32)
-  mask = tf.not_equal(step_type[b:-1], _LAST)
+  mask = tf.not_equal(step_type[b:-1], LAST)
   actions = time_major(batch['action'])[b:-1]
   return losses.r2d2_loss(online_q, tf.stop_gradient(target_q), actions, rewards, discounts,
                           mask, weights, config.n_step, config.priority_eta,

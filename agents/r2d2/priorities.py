@@ -8,6 +8,8 @@ with the behaviour Q-values standing in for both networks.
 
 import numpy as np
 
+from seedacme.accounting import LAST
+
 
 def value_rescale(x, eps=1e-3):
   return np.sign(x) * (np.sqrt(np.abs(x) + 1.0) - 1.0) + eps * x
@@ -51,7 +53,7 @@ def sequence_priorities(q, actions, rewards, discounts, step_types, *, burn_in, 
   if reward_clip is not None:
     rewards = np.clip(rewards, -reward_clip, reward_clip)
   discounts = gamma * np.swapaxes(discounts[:, burn_in + 1:], 0, 1).astype(np.float64)
-  mask = (step_types[:-1] != 2).astype(np.float64)
+  mask = (step_types[:-1] != LAST).astype(np.float64)
   bootstrap = inverse_value_rescale(q.max(axis=-1), rescale_eps)
   returns = n_step_returns(rewards, discounts, mask, bootstrap, n_step)
   q_taken = np.take_along_axis(q[:-1], actions[:-1, :, None].astype(np.int64), -1)[..., 0]

@@ -31,6 +31,9 @@ class VTraceBuilder(builder_lib.SeedBuilder):
     """Steps stored per unroll: T transitions plus the bootstrap step."""
     return self.config.unroll_length + 1
 
+  def replay_capacity(self) -> Tuple[int, int]:
+    return self.config.queue_size, self.unroll_steps
+
   def _network(self, spec: EnvSpec):
     c = self.config
     return networks.make_network(c.network, spec.num_actions, c.hidden_sizes, c.lstm_size,

@@ -2,18 +2,16 @@
 
 from typing import Any, Dict
 
-import dm_env
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
 from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
+from seedacme.accounting import FIRST, LAST
 from seedacme.builder import Learner
 from seedacme.datasets import ReverbBatches, batch_specs, time_major
 
-_FIRST = int(dm_env.StepType.FIRST)
-_LAST = int(dm_env.StepType.LAST)
 
 
 
@@ -34,13 +32,13 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
   behaviour_logits = time_major(batch['logits'])
   initial_state = batch.get('initial_state', ())
 
-  logits, values = network.unroll(observation, tf.equal(step_type, _FIRST), initial_state)
+  logits, values = network.unroll(observation, tf.equal(step_type, FIRST), initial_state)
 
   rewards = reward[1:]
   if config.reward_clip is not None:
     rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
   rewards = rewards * config.reward_scale
-  mask = tf.cast(tf.not_equal(step_type[:-1], _LAST), tf.float32)
+  mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
   return losses.vtrace_loss(
       target_logits=logits[:-1], behaviour_logits=behaviour_logits[:-1],
       actions=action[:-1], rewards=rewards, discounts=config.discount * discount[1:],

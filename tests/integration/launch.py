@@ -9,12 +9,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from typing import Dict, List
 
+from seedacme import logdir as logdir_lib
+from seedacme.launchers import process
+
 TAG_VAR = 'SEEDACME_TEST_TAG'
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def leftover_processes(tag: str) -> List[int]:
@@ -60,26 +63,31 @@ def checkpointed_learner_step(logdir: str) -> int | None:
 
 
 def target_value(summary: Dict) -> float:
-  """The return that met the target, from `stopped_because` ('... return X >= target Y')."""
-  return float(summary['stopped_because'].split()[2])
+  """The average return that met the target (the summary's typed stop reason)."""
+  stop = summary['stop']
+  assert stop['kind'] in ('target', 'eval_target'), stop
+  return float(stop['value'])
 
 
 class Run:
   """A launched program: its process, logdir and what it printed."""
 
-  def __init__(self, args: List[str], workdir: str, logdir: str | None = None):
+  def __init__(self, args: List[str], workdir: str, logdir: str | None = None,
+               register: str | None = None):
+    """`register`: a module (importable from the repository) that registers agents or
+    envs before run_local parses its flags (`launchers.process.command`)."""
     self.tag = uuid.uuid4().hex
     self.logdir = logdir or os.path.join(workdir, 'logdir')
     tmp = os.path.join(workdir, 'tmp')
     home = os.path.join(workdir, 'home')
     os.makedirs(tmp, exist_ok=True)
     os.makedirs(home, exist_ok=True)
-    env = dict(os.environ, HOME=home, TMPDIR=tmp, **{TAG_VAR: self.tag})
     self.stdout_path = os.path.join(workdir, 'stdout.txt')
     self._out = open(self.stdout_path, 'w')
-    self.proc = subprocess.Popen(
-        [sys.executable, '-m', 'seedacme.launchers.local', *args, '--logdir', self.logdir],
-        stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    env = {'HOME': home, 'TMPDIR': tmp, TAG_VAR: self.tag}
+    if register is not None:
+      env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
+    self.proc = process.start(args, self.logdir, self._out, env=env, register=register)
 
   def wait(self, timeout: float) -> int:
     try:
@@ -108,12 +116,10 @@ class Run:
       return f.read()
 
   def progress(self) -> List[Dict]:
-    path = os.path.join(self.logdir, 'progress.jsonl')
-    if not os.path.exists(path):
-      return []
-    with open(path) as f:
-      records = [json.loads(line) for line in f if line.endswith('\n')]
-    return [r for r in records if 'event' not in r]
+    return logdir_lib.read_progress(self.logdir)
+
+  def events(self) -> List[str]:
+    return logdir_lib.read_events(self.logdir)
 
   def json(self, name: str) -> Dict | None:
     path = os.path.join(self.logdir, name)

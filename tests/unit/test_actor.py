@@ -7,6 +7,7 @@ from concurrent import futures
 import numpy as np
 import pytest
 
+from seedacme.accounting import Mode
 from seedacme import envs
 from seedacme.actor import EnvActor
 from seedacme.inference import InferenceServer
@@ -55,7 +56,7 @@ def test_one_call_per_step_for_all_envs():
   assert client.calls == 30 and actor.steps == 30
   assert server.env_steps == 30 * 4
   # Catch lasts 9 steps, then one step restarts it: 3 episodes per env in 30 steps.
-  assert server.episodes.summary(False)['episodes'] == 3 * 4
+  assert server.acting.summary(Mode.TRAIN)['episodes'] == 3 * 4
   np.testing.assert_array_equal(actor.env_ids, [4, 5, 6, 7])
 
 
@@ -75,7 +76,7 @@ def test_evaluator_plays_rounds_on_a_schedule():
     timer.cancel()
     server.close()
   assert time.monotonic() - start < 5
-  eval_episodes = server.episodes.summary(True)['episodes']
+  eval_episodes = server.acting.summary(Mode.EVAL)['episodes']
   # Rounds start at 0 s, 1 s, 2 s; each stops after 4 episodes (2 envs x 2 episodes).
   assert 8 <= eval_episodes <= 12, eval_episodes
   assert server.env_steps == 0 and server.eval_env_steps > 0  # evaluation only

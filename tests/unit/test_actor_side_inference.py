@@ -14,6 +14,7 @@ import pytest
 import reverb
 import tensorflow as tf
 
+from seedacme.accounting import Mode
 from seedacme import envs
 from seedacme.actor import EnvActor
 from seedacme.actor_side_inference import (POLICY_VARIABLES, ActingReports,
@@ -126,9 +127,9 @@ def test_acting_reports_sum_what_actors_send():
   acting.report(_report(source=16, env_steps=50, batches=1, units=16, mean_latency_ms=7.0,
                         p99_latency_ms=9.0, eval_episodes=np.array([[1.0], [9]])))
   assert acting.env_steps == 150 and acting.eval_env_steps == 20
-  assert acting.episodes.summary(False)['episodes'] == 4
-  assert acting.episodes.summary(False)['average_return'] == 0.0
-  assert acting.episodes.summary(True)['episodes'] == 1
+  assert acting.acting.summary(Mode.TRAIN)['episodes'] == 4
+  assert acting.acting.summary(Mode.TRAIN)['average_return'] == 0.0
+  assert acting.acting.summary(Mode.EVAL)['episodes'] == 1
   stats = acting.batch_stats(reset=True)
   assert stats.batches == 5 and stats.units == 80
   assert stats.mean_latency_ms == pytest.approx((4 * 2.0 + 7.0) / 5)
@@ -154,7 +155,7 @@ def test_central_node_of_actor_side_program_serves_no_steps():
   acting = ActingReports(envs_per_actor=4)
   with pytest.raises(InvalidRequestError, match="inference='actor'"):
     acting.step({})
-  acting.stop_intake()
+  acting.shutdown()
   assert 'shutting_down' in acting.step({})
 
 

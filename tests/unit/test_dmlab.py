@@ -1,13 +1,12 @@
 """DeepMind Lab adapter without DeepMind Lab: the error path, levels, actions, stepping."""
 
-import subprocess
-import sys
 
 import dm_env
 import numpy as np
 import pytest
 
 from seedacme.envs import dmlab
+from seedacme.launchers import process
 
 
 def test_missing_module_gives_actionable_error():
@@ -21,10 +20,8 @@ def test_missing_module_gives_actionable_error():
 
 
 def test_run_local_reports_missing_dmlab_and_exits(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'seedacme.launchers.local', 'dmlab', 'vtrace', '1',
-       '--level', 'rooms_watermaze', '--logdir', str(tmp_path / 'run')],
-      capture_output=True, text=True, timeout=120)
+  result = process.run(['dmlab', 'vtrace', '1', '--level', 'rooms_watermaze'],
+                       str(tmp_path / 'run'), timeout_s=120)
   assert result.returncode == 2
   assert "cannot create 'dmlab'" in result.stderr and 'deepmind_lab' in result.stderr
 

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from seedacme.accounting import Mode
 from seedacme.envs.registry import EnvSpec
 from seedacme.inference import InferenceServer
 from seedacme.policy import PolicyStep, ServerPolicy
@@ -92,8 +93,8 @@ def test_episode_returns_and_greedy_envs_are_kept_apart():
     for st, reward in ((0, 0.0), (1, 1.0), (2, 2.0)):
       server.step(_request([0], 1, st, reward=reward))
       server.step(_request([3], 2, st, greedy=True, reward=10 * reward))
-    assert server.episodes.summary(False)['average_return'] == 3.0
-    assert server.episodes.summary(True)['average_return'] == 30.0
+    assert server.acting.summary(Mode.TRAIN)['average_return'] == 3.0
+    assert server.acting.summary(Mode.EVAL)['average_return'] == 30.0
     assert server.env_steps == 3 and server.eval_env_steps == 3
     # Greedy (evaluation) envs never reach the trajectories.
     assert all((o['observation'] == 0).all() for o in out)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import reverb
 
+from seedacme.accounting import Mode
 from seedacme import envs
 from seedacme.agents import vtrace
 from seedacme.central import CentralNode
@@ -71,9 +72,7 @@ def make_central(tmp_path):
   yield make
   for server, central, actors, stop in created:
     stop.set()
-    central._sink.close()  # noqa: SLF001
-    central.server.close()
-    central.learner.close()
+    central.shutdown()
     for a in actors:
       a.join(5)
     server.stop()
@@ -142,7 +141,7 @@ def test_returns_rise_on_catch(make_central):
   first = None
   while time.monotonic() < deadline:
     central.learner.step()
-    summary = central.server.episodes.summary(False)
+    summary = central.server.acting.summary(Mode.TRAIN)
     if first is None and summary['episodes'] >= 100:
       first = summary['average_return']
     if first is not None and summary['average_return'] >= 0.8:
@@ -173,7 +172,7 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
     time.sleep(0.05)
   actors[0].stop.set()  # freeze the table's contents ...
   actors[0].join(10)
-  assert central._sink.wait_until_written(10)  # noqa: SLF001  ... once in-flight items land
+  assert central.server.trajectory_sink.wait_until_written(10)  # ... once in-flight items land
   size = _table_size(client, table)
   before = _sampled_priorities(client, table, 4 * size)
   assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants

@@ -10,7 +10,7 @@ import pytest
 from launchpad.nodes.courier import courier_utils
 
 from seedacme import envs
-from seedacme.actor import SERVER_ERROR_MARKER
+from seedacme.protocol import SERVER_ERROR_MARKER, InvalidRequestError, as_refusal
 from seedacme.inference import InferenceServer
 from seedacme.policy import PolicyStep, StatelessPolicy
 from seedacme.protocol import make_request
@@ -92,6 +92,8 @@ def test_each_malformed_request_gets_a_named_error(service, name):
   message = str(error.value)
   assert SERVER_ERROR_MARKER in message and 'InvalidRequestError' in message
   assert EXPECTED[name] in message
+  refusal = as_refusal(error.value)  # the actor's view: a typed refusal, not retried
+  assert isinstance(refusal, InvalidRequestError) and EXPECTED[name] in str(refusal)
   # The same server still answers a good request right away.
   assert client.step(_good([0, 1], hot=2))['action'].tolist() == [2, 2]
 
@@ -137,3 +139,8 @@ def test_fuzz_bad_requests_while_good_actors_are_served(service):
   assert errors == 300  # every bad request was refused ...
   assert svc.server.requests_refused - refused_before == 300
   assert min(served.values()) > 20 and not wrong  # ... and good actors were served right
+
+
+def test_an_unreachable_server_is_not_a_refusal():
+  assert as_refusal(RuntimeError('failed to connect to all addresses')) is None
+  assert as_refusal(InvalidRequestError('x')) is not None

@@ -109,3 +109,19 @@ def test_the_forbidden_source_guard_stops_an_import_from_the_checkout():
   done = subprocess.run([sys.executable, '-c', 'import seedacme.agents.vtrace'], timeout=60,
                         env=dict(os.environ, SEEDACME_FORBIDDEN_SOURCE='/nonexistent'))
   assert done.returncode == 0
+
+
+def test_no_test_imports_a_private_name_of_the_package():
+  """Tests use the package's public interfaces (names without a leading underscore)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  private = []
+  for root, _, files in os.walk(tests):
+    for name in files:
+      if not name.endswith('.py'):
+        continue
+      path = os.path.join(root, name)
+      for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('seedacme'):
+          private += [f'{path}: {a.name}' for a in node.names if a.name.startswith('_')]
+  assert not private, private

@@ -70,6 +70,14 @@ def test_n_step_truncation_bootstraps_from_last_state_and_termination_does_not()
   assert terminated[0, 0] == pytest.approx(1.0)
   tf_out = losses.n_step_returns(*[tf.constant(a) for a in (r, np.full((3, 1), 0.5), mask, v)], 3)
   assert tf_out.numpy()[0, 0] == pytest.approx(3.5)
+  # The production functions (the learner's and the server's) on both cases.
+  for n_step_returns in (
+      lambda *a: losses.n_step_returns(*[tf.constant(x) for x in a], 3).numpy(),
+      lambda *a: priorities.n_step_returns(*a, 3)):
+    assert n_step_returns(r, np.array([[0.5], [0.5], [0.5]]), mask, v)[0, 0] == \
+        pytest.approx(1.0 + 0.5 * 5.0)
+    assert n_step_returns(r, np.array([[0.0], [0.5], [0.5]]), mask, v)[0, 0] == \
+        pytest.approx(1.0)
 
 
 def test_priorities_mix_max_and_mean_of_valid_steps():

@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 
+from seedacme.agents import registry
 from seedacme.launchers import vertex
 
 
@@ -31,8 +32,20 @@ def test_atari_vtrace_64_actors_gpu_learner(capsys):
   # Only the GPU's pool adds the CUDA 11 / cuDNN 8 wheels to the lock.
   assert by_group['learner']['requirements'] == [vertex.LOCK, vertex.GPU_REQUIREMENTS]
   assert all(p['requirements'] == [vertex.LOCK] for p in pools if 'learner' not in p['groups'])
-  # The replay pool is sized for 256 unrolls of 21 x 84x84x4 frames (~0.3 GiB) + slack.
-  assert by_group['replay']['hardware']['memory_gb'] >= 4
+  # The replay pool is sized for the agent's queue of 21 x 84x84x4-frame unrolls
+  # (~0.3 GiB at 256 unrolls, x2, rounded down) + 4 GiB slack.
+  assert by_group['replay']['hardware']['memory_gb'] == 4
+
+
+def test_replay_memory_follows_the_agents_replay_capacity():
+  spec = vertex.envs.EnvSpec((84, 84, 4), 'uint8', 6)
+  # 10k unrolls of 21 steps: 2 x 10k x (21 x (28224 + 64) + 4096) bytes = 11.1 GiB, + 4.
+  vtrace = registry.make_builder('vtrace', 'atari', queue_size=10_000)
+  assert vertex.replay_memory_gb(vtrace, spec) == 15
+  # 5k sequences of 121 steps (R2D2's Atari default): 31.9 GiB, + 4.
+  r2d2 = registry.make_builder('r2d2', 'atari')
+  assert r2d2.replay_capacity() == (5_000, 121)
+  assert vertex.replay_memory_gb(r2d2, spec) == 35
 
 
 def test_printed_plan_is_readable(capsys):

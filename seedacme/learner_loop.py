@@ -1,0 +1,67 @@
+"""The learner loop: the agent's `Learner` stepped on a background thread of the central node.
+
+Separate from the node's main thread so that progress, checkpoints and budget checks run
+on their own clock (a slow learner step does not delay them) and the main thread stays
+free to run Launchpad's SIGTERM handler while the learner blocks in Reverb. The loop only
+counts steps and keeps the last metrics; whoever owns it decides when to stop.
+"""
+
+import threading
+import time
+from typing import Callable, Dict
+
+from absl import logging
+
+from seedacme.builder import Learner
+
+
+class LearnerLoop:
+  """Steps `learner` until `stop` is set, `should_stop()` says so, or `max_steps`."""
+
+  def __init__(self, learner: Learner, stop: threading.Event,
+               max_steps: int | None = None, step_delay_s: float = 0.0,
+               should_stop: Callable[[], bool] = lambda: False, steps: int = 0):
+    """`steps`: the step count to continue from (a resumed run)."""
+    self.learner = learner
+    self._stop = stop
+    self._max_steps = max_steps
+    self._step_delay_s = step_delay_s
+    self._should_stop = should_stop
+    self.steps = steps
+    self.metrics: Dict[str, float] = {}
+    self.error: BaseException | None = None
+    self.done = threading.Event()
+    self._thread = threading.Thread(target=self._run, name='learner', daemon=True)
+
+  @property
+  def at_max_steps(self) -> bool:
+    return self._max_steps is not None and self.steps >= self._max_steps
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      started = time.monotonic()
+      self.learner.warm_up()  # while actors start and the replay fills
+      logging.info('Learner step traced in %.1fs', time.monotonic() - started)
+      while not self._stop.is_set() and not self._should_stop():
+        if self.at_max_steps:
+          break  # The node's main thread notices the budget at its next check.
+        metrics = self.learner.step()
+        if metrics is not None:
+          self.steps += 1
+          self.metrics = metrics
+          if self._step_delay_s:
+            self._stop.wait(self._step_delay_s)
+    except BaseException as e:  # pylint: disable=broad-except
+      logging.exception('Learner failed')
+      self.error = e
+    finally:
+      self.done.set()
+
+  def join(self, timeout_s: float) -> bool:
+    """Waits for the thread to end; True when it did (or never started)."""
+    if self._thread.ident is not None:
+      self._thread.join(timeout_s)
+    return not self._thread.is_alive()

@@ -1,0 +1,86 @@
+"""The run monitor: typed stop reasons, budgets and targets, and the summary it writes."""
+
+import os
+
+import pytest
+
+from seedacme.accounting import ActingLog, Episodes, Mode
+from seedacme.batcher import BatcherStats
+from seedacme.config import ProgramConfig
+from seedacme.logdir import read_progress, read_summary
+from seedacme.monitor import RunMonitor, StopKind, StopReason
+
+import numpy as np
+
+
+class _Acting:
+  """An `ActingSource` with fixed batch statistics."""
+
+  def __init__(self):
+    self.acting = ActingLog()
+    self.batch_capacity = 8
+    self.actor_restarts = self.requests_refused = 0
+
+  def batch_stats(self, reset=False):
+    del reset
+    return BatcherStats(batches=2, items=2, units=8, full_batches=1, mean_batch_units=4.0,
+                        mean_latency_ms=1.0, p99_latency_ms=2.0)
+
+  def trajectory_stats(self):
+    return {'items_written': 3}
+
+
+def _monitor(tmp_path, **config):
+  config = ProgramConfig(num_actors=1, envs_per_actor=8, logdir=str(tmp_path),
+                         **{'max_seconds': None, **config})
+  source = _Acting()
+  return RunMonitor(config, source), source.acting
+
+
+def _episodes(returns):
+  returns = np.asarray(returns, np.float64)
+  return Episodes(np.arange(len(returns)), returns, np.full(len(returns), 9))
+
+
+@pytest.mark.timeout(60)
+def test_target_needs_enough_episodes_and_says_by_how_much(tmp_path):
+  monitor, acting = _monitor(tmp_path, target_return=0.9)
+  acting.add_episodes(Mode.TRAIN, _episodes([1.0] * 99))
+  assert monitor.report(0, {}) is None  # 99 < 100 episodes
+  acting.add_episodes(Mode.TRAIN, _episodes([1.0]))
+  reason = monitor.report(0, {})
+  assert reason == StopReason(StopKind.TARGET, 1.0, 0.9)
+  assert reason.sentence() == 'average return 1.000 >= target 0.9'
+
+
+@pytest.mark.timeout(60)
+def test_eval_target_watches_the_evaluator_only(tmp_path):
+  monitor, acting = _monitor(tmp_path, target_return=0.5, target_on='eval')
+  acting.add_episodes(Mode.TRAIN, _episodes([1.0] * 200))
+  assert monitor.report(0, {}) is None
+  acting.add_episodes(Mode.EVAL, _episodes([0.0] * 10 + [1.0] * 10))
+  assert monitor.report(0, {}) == StopReason(StopKind.EVAL_TARGET, 0.5, 0.5)
+
+
+@pytest.mark.timeout(60)
+def test_budgets_in_order_and_the_summary_carries_the_typed_reason(tmp_path):
+  monitor, acting = _monitor(tmp_path, max_learner_steps=10, max_env_steps=100)
+  acting.add_steps(Mode.TRAIN, 100)
+  assert monitor.report(9, {}).kind is StopKind.ENV_STEPS
+  reason = monitor.report(10, {'loss': 0.5})
+  assert reason == StopReason(StopKind.LEARNER_STEPS, 10, 10)
+  final = monitor.summarize(10, {'loss': 0.5}, reason, resumed_from=None)
+  summary = read_summary(str(tmp_path))
+  assert summary['env_steps'] == final['env_steps'] == 100
+  assert summary['average_return'] is None  # no episodes yet: NaN is written as null
+  assert summary['stopped_because'] == 'reached 10 learner steps'
+  assert summary['stop'] == {'kind': 'learner_steps', 'value': 10, 'threshold': 10}
+  assert summary['learner_loss'] == 0.5 and summary['trajectory_items_written'] == 3
+  assert [r['learner_steps'] for r in read_progress(str(tmp_path))] == [9, 10]
+  assert os.path.exists(os.path.join(tmp_path, 'progress.jsonl'))
+
+
+def test_stop_without_a_budget_is_not_a_budget():
+  assert StopReason(StopKind.STOP_REQUESTED).sentence() == 'stop requested'
+  assert not StopReason(StopKind.LEARNER_FAILED).is_budget
+  assert StopReason(StopKind.TIME, 90.2, 90.0).sentence() == 'reached the time budget of 90s'
