@@ -2,7 +2,8 @@
 
 One `run_local catch vtrace 2 8` run; at a random moment within each window the script
 kills the work process (the supervisor's child) of actor/0, evaluator/0, the central
-node and the replay node, one after the other. For each it reports the time until
+node and the replay node, one after the other. For each it reports the time until the
+learner steps again (2 steps beyond where it stood 1 s after the kill), the time until
 acting is back to 90 % of its throughput over the 10 s before the kill, and what was
 lost (learner steps since the central node's last checkpoint; the unrolls in the
 V-trace queue for the replay node), and at the end whether the run still reached its
@@ -40,6 +41,16 @@ class Stamped:
     now = time.time()
     self.records.extend(dict(r, wall=now) for r in new)
 
+  def learner_back_after(self, killed: float) -> float | None:
+    """Seconds from the kill until the learner has made 2 steps beyond where it stood
+    1 s after it (a step in flight at the kill does not count as resumed)."""
+    after = [r for r in self.records if r['wall'] >= killed + 1.0]
+    if not after:
+      return None
+    base = after[0]['learner_steps']
+    back = next((r['wall'] for r in after if r['learner_steps'] >= base + 2), None)
+    return None if back is None else round(back - killed, 1)
+
   def rate_between(self, t0: float, t1: float) -> float | None:
     inside = [r for r in self.records if t0 <= r['wall'] <= t1]
     if len(inside) < 2:
@@ -57,18 +68,25 @@ def main() -> int:
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir = tempfile.mkdtemp(prefix='fault_table_')
-  total = args.warmup_s + args.window_s * len(NODES) + 20
+  total = args.warmup_s + args.window_s * len(NODES) + 40
   run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', str(total), '--progress_interval_s',
              '0.5', '--checkpoint_interval_s', '10'], workdir)
   stamped = Stamped(run)
   rows = []
   try:
-    start = time.time()
-
     def wait_until(t):
-      while time.time() < t:
+      while time.time() < t and run.proc.poll() is None:
         stamped.poll()
         time.sleep(0.25)
+
+    # The windows start with the program's first progress record (startup takes
+    # 10-60 s depending on the machine's load).
+    deadline = time.time() + 180
+    while not stamped.records and time.time() < deadline:
+      wait_until(time.time() + 0.5)
+    if not stamped.records:
+      raise RuntimeError(f'no progress record within 180 s: {run.logdir}')
+    start = time.time()
 
     for i, node in enumerate(NODES):
       window = start + args.warmup_s + i * args.window_s
@@ -90,6 +108,7 @@ def main() -> int:
           back = now - 2.5 - killed  # the start of the first 2.5-s window back at 90 %
           break
       rows.append({'node': node, 'killed_at_s': round(killed - start, 1),
+                   'learner_back_after_s': stamped.learner_back_after(killed),
                    'throughput_before': round(before or 0), 'back_after_s':
                    None if back is None else round(max(back, 0.0), 1),
                    'learner_steps_at_kill': last['learner_steps'],

@@ -7,16 +7,10 @@
 1. Random-policy baseline: uniformly random actions on 16 envs of the same game (same
    preprocessing, ale-py's vector engine) until `--baseline_episodes` episodes ended.
 2. The program: `run_local atari vtrace <num_actors> <envs_per_actor> --game <game>` with
-   the per-env defaults of agents/registry.py (Nature CNN, feed-forward, T=20, Adam
-   6e-4, entropy 0.01, rewards clipped in the loss) except two settings for a CPU
-   learner, until the time budget or the target return (arguments after `--` go to
-   run_local as they are):
-   * batch_size 8 instead of 32: on 2 cores the learner is the bottleneck and costs the
-     same ~0.9 ms per transition at batch 8, 16 or 32 (Nature CNN, T=20), so 8 gives
-     4x the updates for the same frames (160 transitions per update; A2C uses 80);
-   * queue_size 32 instead of 256: the queue is full when the learner is the
-     bottleneck, so its size is the policy lag: 256 unrolls would be 32 updates at
-     batch 8, 32 unrolls are 4 (and ~20 MB of frames instead of ~150 MB).
+   the per-env defaults of agents/registry.py and nothing else (Nature CNN,
+   feed-forward, T=20, batch 8, queue 32, rewards clipped in the loss; the optimizer
+   and its settings are the registry's), until the time budget or the target return
+   (arguments after `--` go to run_local as they are).
 3. The raw env ceiling, once the program has stopped (so the machine is quiet):
    `num_actors` processes each stepping `envs_per_actor` envs of the same game with the
    same engine and random actions, no inference and no RPC (`harness.env_ceiling`). The
@@ -216,10 +210,6 @@ def main() -> int:
   parser.add_argument('--eval_interval_s', type=float, default=300.0,
                       help='greedy evaluation every this many seconds')
   parser.add_argument('--eval_episodes', type=int, default=4)
-  parser.add_argument('--batch_size', type=int, default=8,
-                      help='unrolls per learner step (agents/registry.py default: 32)')
-  parser.add_argument('--queue_size', type=int, default=32,
-                      help='Reverb queue capacity in unrolls (default config: 256)')
   parser.add_argument('--baseline_episodes', type=int, default=32)
   parser.add_argument('--logdir', default=None)
   parser.add_argument('--ceiling_seconds', type=float, default=20.0,
@@ -250,8 +240,6 @@ def main() -> int:
          '--env_engine', args.env_engine, '--max_seconds', str(args.hours * 3600),
          '--eval_interval_s', str(args.eval_interval_s),
          '--eval_episodes', str(args.eval_episodes), '--logdir', logdir]
-  cmd += ['--agent_config', f'batch_size={args.batch_size}',
-          '--agent_config', f'queue_size={args.queue_size}']
   if args.target_return is not None and not args.smoke:
     cmd += ['--target_return', str(args.target_return)]
   cmd += passthrough

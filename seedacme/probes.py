@@ -20,11 +20,15 @@ from seedacme.networks import to_float
 
 
 def random_play_unrolls(game: str = 'Pong', num_envs: int = 16, unroll_length: int = 20,
-                        segments: int = 8, seed: int = 3) -> List[Dict[str, np.ndarray]]:
-  """`num_envs * segments` V-trace unrolls (`[T+1, ...]` each) of uniformly random play."""
+                        segments: int = 8, seed: int = 3,
+                        action_seed: int = 0) -> List[Dict[str, np.ndarray]]:
+  """`num_envs * segments` V-trace unrolls (`[T+1, ...]` each) of uniformly random play.
+
+  `seed` seeds the emulators, `action_seed` the random actions.
+  """
   from seedacme.envs.atari_vector import AtariVectorEnv  # pylint: disable=g-import-not-at-top
   env = AtariVectorEnv(game, num_envs, seed=seed)
-  rng = np.random.RandomState(seed)
+  rng = np.random.RandomState(action_seed)
   steps = []
   try:
     ts = env.reset()

@@ -12,6 +12,7 @@ conv0 fell from 69 % to 25 % of units alive in these 200 updates.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from seedacme.agents import registry
@@ -20,6 +21,7 @@ from seedacme.agents.vtrace.networks import make_network
 from seedacme.probes import conv_alive, random_play_unrolls
 
 
+@pytest.mark.timeout(300)
 def test_registry_atari_settings_keep_the_torso_alive():
   unrolls = random_play_unrolls()
   assert sum(int((u['reward'] != 0).sum()) for u in unrolls) > 10  # points were lost
