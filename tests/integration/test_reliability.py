@@ -135,9 +135,10 @@ def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
         run.output[-3000:]
     victim = supervised_child(run, 'replay/0')
     os.kill(victim, signal.SIGKILL)
-    # The writer and the dataset each notice, then see the new server.
-    back = lambda: 'reachable again' in run.node_log('learner/0')  # noqa: E731
-    assert _wait_for(back, 60, run), run.node_log('learner/0')[-3000:]
+    # The replay node's standby serves the same port at once; the writer and the dataset
+    # go on (each logs one line when it notices the server gone and one when it is back).
+    took_over = lambda: 'takes over' in run.node_log('replay/0')  # noqa: E731
+    assert _wait_for(took_over, 30, run), run.node_log('replay/0')[-3000:]
     steps_after_restart = run.progress()[-1]['learner_steps']
     code = run.wait(240)
   finally:
@@ -149,7 +150,7 @@ def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
   assert _replay_log_count(run, 'unreachable') <= 2, run.node_log('learner/0')[-3000:]
   assert _replay_log_count(run, 'Traceback') == 0
   summary = run.json('summary.json')
-  assert summary['trajectory_writer_reconnects'] == 1
+  assert summary['trajectory_writer_reconnects'] <= 1
   assert summary['learner_steps'] > steps_after_restart  # the learner went on
   assert 'target' in summary['stopped_because']
   assert target_value(summary) >= 0.9
