@@ -82,12 +82,15 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # scales small gradients down instead (SGD-like); on its own it only slowed the
     # dying, together with the Nature CNN's orthogonal init (seedacme/networks.py) Pong
     # learns (README, "Pong learns"; tests/unit/test_atari_vtrace_torso.py).
-    # batch_size 8, queue_size 32: what the published Pong run used. On 2 cores the
-    # learner bounds the run, so batch 8 gives 4x the updates for the same frames, and a
-    # full queue is the policy lag: 32 unrolls are 4 updates (256 would be 32).
+    # optimizer='rmsprop': IMPALA's TF1 RMSprop (agents/vtrace/optimizers.py). Adam with
+    # epsilon 1e-3 kept conv0 alive but moved the heads 4-5x less per update; with
+    # RMSprop Pong's training average left random's at ~1.2M env steps instead of ~2.0M
+    # and passed 0 at 2.3M (README, "Pong learns"; bench/optimizer_probe.py).
+    # batch_size 8, queue_size 32: on 2 cores batch 8 gives 4x the updates for the same
+    # frames, and a full queue is the policy lag: 32 unrolls are 4 updates (256: 32).
     'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
-                  learning_rate=6e-4, adam_epsilon=1e-3, entropy_cost=0.01,
-                  unroll_length=20, batch_size=8, queue_size=32),
+                  optimizer='rmsprop', learning_rate=6e-4, adam_epsilon=1e-3,
+                  entropy_cost=0.01, unroll_length=20, batch_size=8, queue_size=32),
     'dmlab': dict(network='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
     # Football (stacked SMM): SEED's feed-forward 4-stack ResNet, unroll and discount;
     # a learning rate and entropy cost for short runs (SEED's are tuned for 500M frames).

@@ -65,12 +65,15 @@ def main() -> int:
   parser.add_argument('--warmup_s', type=float, default=30.0)
   parser.add_argument('--seed', type=int, default=None)
   parser.add_argument('--out', default='bench/results/fault_table.json')
+  parser.add_argument('--standby_restarts', action='store_true',
+                      help='run the program with standby replay and central processes')
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir = tempfile.mkdtemp(prefix='fault_table_')
   total = args.warmup_s + args.window_s * len(NODES) + 40
   run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', str(total), '--progress_interval_s',
-             '0.5', '--checkpoint_interval_s', '10'], workdir)
+             '0.5', '--checkpoint_interval_s', '10']
+            + (['--standby_restarts'] if args.standby_restarts else []), workdir)
   stamped = Stamped(run)
   rows = []
   try:
@@ -119,7 +122,7 @@ def main() -> int:
     left = run.wait_for_no_leftovers()
   summary = run.json('summary.json') or {}
   resumed = run.events()
-  result = {'rows': rows, 'exit_code': code, 'leftovers': left,
+  result = {'standby_restarts': args.standby_restarts, 'rows': rows, 'exit_code': code, 'leftovers': left,
             'final_average_return': summary.get('average_return'),
             'stopped_because': summary.get('stopped_because'),
             'trajectory_writer_reconnects': summary.get('trajectory_writer_reconnects'),

@@ -48,6 +48,10 @@ FRAMES_PER_STEP = 4
 PUBLISHED_RANDOM = {'Pong': -20.7}
 
 
+# Training averages whose first crossing is reported (env steps, run time).
+MILESTONES = (-15.0, 0.0, 10.0, 18.0)
+
+
 def random_baseline(game: str, episodes: int, num_envs: int = 16,
                     seed: int = 12345) -> Dict[str, Any]:
   """Average return of uniformly random actions, same preprocessing as the actors."""
@@ -87,6 +91,20 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
   env_steps = summary.get('env_steps', last.get('env_steps')) or 0
   trained = [r for r in records if r.get('average_return') is not None]
   best = max(trained, key=lambda r: r['average_return']) if trained else None
+  # Run time of each record across resumed segments (each segment's clock restarts).
+  offset, run_s, prev = 0.0, [], None
+  for r in records:
+    if prev is not None and r['elapsed_s'] < prev:
+      offset += prev
+    prev = r['elapsed_s']
+    run_s.append(offset + r['elapsed_s'])
+  milestones = {}
+  for threshold in MILESTONES:
+    hit = next(((r, t) for r, t in zip(records, run_s)
+                if r.get('average_return') is not None and r['average_return'] >= threshold),
+               None)
+    milestones[f'{threshold:+g}'] = None if hit is None else {
+        'env_steps': hit[0]['env_steps'], 'run_s': round(hit[1], 1)}
   return {
       'returncode': returncode,
       'stopped_because': summary.get('stopped_because'),
@@ -104,6 +122,7 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
       'best_average_return': None if best is None else best['average_return'],
       'best_at_env_steps': None if best is None else best['env_steps'],
       'best_at_s': None if best is None else best['elapsed_s'],
+      'milestones': milestones,
   }
 
 

@@ -22,7 +22,8 @@ class ProgramArgsError(ValueError):
 
 
 def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
-                     max_seconds: float = 120.0, logdir_help: str = '') -> None:
+                     max_seconds: float = 120.0, logdir_help: str = '',
+                     standby_restarts: bool = False) -> None:
   """Adds the program's flags; the defaults that differ per launcher are arguments."""
   parser.add_argument('env', choices=env_names())
   parser.add_argument('agent', choices=agents.agent_names())
@@ -76,6 +77,11 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       "--agent_config torso=impala_resnet --agent_config "
                       "learning_rate=3e-4 (repeatable; values are Python literals or "
                       "strings)")
+  parser.add_argument('--standby_restarts', action=argparse.BooleanOptionalAction,
+                      default=standby_restarts,
+                      help='replay and central nodes keep a standby process with Reverb/TF '
+                      'imported that takes over at once when theirs dies (one more '
+                      'process each, ~450 MB for the central one)')
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
@@ -136,6 +142,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
       checkpoint_interval_s=args.checkpoint_interval_s or None,
+      standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
       accelerator=accelerator)

@@ -79,7 +79,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog='launchers/vertex', description=__doc__.split('\n')[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_program_args(p, envs_per_actor=32, max_seconds=24 * 3600.0,
-                   logdir_help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>')
+                   logdir_help='default: gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme/<env>_<agent>',
+                   standby_restarts=True)
   p.add_argument('--dry_run', action='store_true',
                  help='build, validate and print the job plan; launch nothing')
   p.add_argument('--accelerator', default='V100', choices=('none',) + GPUS + TPUS,

@@ -33,6 +33,11 @@ class ProgramConfig:
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
     supervise: run actors, evaluator and the central node as supervised child processes
       that are restarted when they die (seedacme.supervisor).
+    standby_restarts: the replay and central nodes keep a standby child with Reverb /
+      TensorFlow already imported, which takes over at once when the working child
+      dies (a restart without ~5-20 s of imports). Costs a process per node (~450 MB
+      for the central node's) and its imports' CPU 10 s into the run, so it is off
+      for short local runs and on for Vertex and cluster launches.
     learner_step_delay_s: pause after every learner step: simulates a slow learner
       (backpressure tests and demos); 0 in real runs.
     inference: where the policy runs. 'central': SEED -- one batched policy on the
@@ -66,6 +71,7 @@ class ProgramConfig:
   checkpoint_interval_s: float | None = 60.0
   export_policy: bool = True
   supervise: bool = True
+  standby_restarts: bool = False
   learner_step_delay_s: float = 0.0
   inference: str = 'central'
   variable_update_period: int = 100

@@ -53,11 +53,12 @@ class ReplayNode(lp.ReverbNode):
   """
 
   def __init__(self, priority_tables_fn, grace_s: float = 2.0, supervise: bool = True,
-               checkpoint_interval_s: float | None = None):
+               checkpoint_interval_s: float | None = None, standby: bool = False):
     super().__init__(priority_tables_fn)
     self._grace_s = grace_s
     self._supervise = supervise
     self._checkpoint_interval_s = checkpoint_interval_s
+    self._standby = standby  # a standby child with Reverb imported (seedacme.supervisor)
 
   def run(self):
     # Reverb's default checkpointer makes a temp dir per server and never removes it.
@@ -69,7 +70,7 @@ class ReplayNode(lp.ReverbNode):
     try:
       if self._supervise:
         supervisor.Supervisor(supervisor.serve_replay, kwargs, 'replay',
-                              standby_imports=('reverb',)).run()
+                              standby_imports=('reverb',) if self._standby else ()).run()
       else:
         supervisor.serve_replay(stop_event=None, **kwargs)
     finally:
@@ -97,7 +98,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
   with program.group('replay'):
     replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec),
                              supervise=config.supervise,
-                             checkpoint_interval_s=builder.replay_checkpoint_interval_s)
+                             checkpoint_interval_s=builder.replay_checkpoint_interval_s,
+                             standby=config.standby_restarts)
     replay = program.add_node(replay_node)
   courier_kwargs = {'thread_pool_size': config.num_actors + 16}
   central_args = dict(builder=builder, spec=spec, config=config, stop_program=stop_program)
@@ -107,7 +109,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
       # and TensorFlow, which the supervisor process has no use for.
       node = supervisor.SupervisedCentralNode(
           payload=cloudpickle.dumps(central_args), replay_address=replay_node.reverb_address,
-          courier_kwargs=courier_kwargs)
+          courier_kwargs=courier_kwargs, standby=config.standby_restarts)
     else:
       node = lp.CourierNode(CentralNode, replay=replay,
                             courier_kwargs=courier_kwargs, **central_args)

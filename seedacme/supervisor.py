@@ -13,7 +13,8 @@ them (`serve_replay`), and the central node's writers and dataset reconnect.
 On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
 little, then kills it: nothing is left behind.
 
-A *standby* (`standby_imports`, the replay node's) is a second child started ahead of
+A *standby* (`standby_imports`; the replay and central nodes with
+`ProgramConfig.standby_restarts`) is a second child started ahead of
 need: it has read its target and imported the listed modules, and waits for one byte
 on stdin before running. When the working child dies, the standby runs at once and a
 new one is started behind it. A replay restart cost ~5 s of importing Reverb and
@@ -51,14 +52,15 @@ class Supervisor:
   """Runs `target(stop_event=..., **kwargs)` in a child process, restarting it on death.
 
   `standby_imports`: keep a standby child with these modules imported (module
-  docstring); it takes over at once from a child that ran for over `crash_loop_s`.
+  docstring), started `standby_delay_s` after the working child (not to compete with
+  its start-up); it takes over at once from a child that ran for over `crash_loop_s`.
   """
 
   def __init__(self, target: Callable[..., None], kwargs: Dict[str, Any], name: str,
                stop_event: threading.Event | None = None,
                restart_backoff_s: float = 1.0, max_backoff_s: float = 30.0,
                stop_timeout_s: float = 6.0, standby_imports: tuple = (),
-               crash_loop_s: float = 10.0):
+               crash_loop_s: float = 10.0, standby_delay_s: float = 10.0):
     self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports)))
     self._name = name
     self._stop = stop_event
@@ -67,6 +69,7 @@ class Supervisor:
     self._stop_timeout_s = stop_timeout_s
     self._use_standby = bool(standby_imports)
     self._crash_loop_s = crash_loop_s
+    self._standby_delay_s = standby_delay_s
     self.restarts = 0
     self.child: subprocess.Popen | None = None
     self.standby: subprocess.Popen | None = None
@@ -136,10 +139,10 @@ class Supervisor:
       while not self._stop.is_set():
         self.child = self._next_child(died_after_s)
         started = time.monotonic()
-        if self._use_standby:
-          self.standby = self._start_child(standby=True)
         while self.child.poll() is None and not self._stop.wait(0.2):
-          pass
+          if (self._use_standby and self.standby is None
+              and time.monotonic() - started >= self._standby_delay_s):
+            self.standby = self._start_child(standby=True)
         died_after_s = time.monotonic() - started
         if self._stop.is_set():
           break
@@ -259,8 +262,9 @@ class SupervisedCentralNode(lp.CourierNode):
   `CentralNode` and serves Courier on this node's port (`serve_central`).
   """
 
-  def __init__(self, **kwargs):
+  def __init__(self, standby: bool = False, **kwargs):
     super().__init__(dict, **kwargs)  # the real constructor runs in the child
+    self._standby = standby
 
   def run(self) -> None:
     args, kwargs = tree.map_structure(lp_dereference.maybe_dereference,
@@ -269,7 +273,8 @@ class SupervisedCentralNode(lp.CourierNode):
     kwargs.update(port=lp.get_port_from_address(self._address.resolve()),
                   courier_kwargs=self._courier_kwargs,
                   replay_address=kwargs['replay_address'].resolve())
-    Supervisor(serve_central, kwargs, 'learner').run()
+    Supervisor(serve_central, kwargs, 'learner',
+               standby_imports=('seedacme.central_imports',) if self._standby else ()).run()
     exit_node()
 
 

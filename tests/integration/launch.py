@@ -7,6 +7,7 @@ process still carrying it (an orphan).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -40,17 +41,16 @@ def leftover_processes(tag: str) -> List[int]:
 
 
 def supervised_child(run: 'Run', node: str) -> int:
-  """Pid of the process doing `node`'s work (the supervisor's child), found by its log."""
-  log = os.path.join(run.logdir, 'nodes', node)
-  for pid in leftover_processes(run.tag):
-    try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmdline = f.read().split(b'\0')
-      if b'seedacme.supervisor' in cmdline and os.readlink(f'/proc/{pid}/fd/1') == log:
-        return pid
-    except OSError:
-      continue
-  raise AssertionError(f'no supervised child for {node}')
+  """Pid of the process doing `node`'s work (the supervisor's child, not its standby),
+  from the supervisor's own log lines."""
+  with open(os.path.join(run.logdir, 'nodes', node), errors='replace') as f:
+    found = re.findall(r'started child process (\d+)|standby process (\d+) takes over',
+                       f.read())
+  pids = [int(a or b) for a, b in found]
+  alive = [p for p in pids if p in leftover_processes(run.tag)]
+  if not pids or pids[-1] not in alive:
+    raise AssertionError(f'no live supervised child for {node} (logged: {pids})')
+  return pids[-1]
 
 
 def checkpointed_learner_step(logdir: str) -> int | None:

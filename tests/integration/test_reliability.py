@@ -129,10 +129,12 @@ def _replay_log_count(run: Run, text: str) -> int:
 @pytest.mark.timeout(300)
 def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
   run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '200', '--target_return', '0.9',
-             '--progress_interval_s', '1'], str(tmp_path))
+             '--progress_interval_s', '1', '--standby_restarts'], str(tmp_path))
   try:
     assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
         run.output[-3000:]
+    standby = lambda: 'started standby process' in run.node_log('replay/0')  # noqa: E731
+    assert _wait_for(standby, 60, run), run.node_log('replay/0')[-3000:]
     victim = supervised_child(run, 'replay/0')
     os.kill(victim, signal.SIGKILL)
     # The replay node's standby serves the same port at once; the writer and the dataset

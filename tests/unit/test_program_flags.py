@@ -8,7 +8,7 @@ from seedacme.launchers import local, program_flags, vertex
 ARGV = ['catch', 'r2d2', '3', '8', '--max_seconds', '50', '--target_return', '0.9',
         '--target_on', 'eval', '--agent_config', 'batch_size=8', '--agent_config',
         'replay_checkpoint_interval_s=None', '--num_eval_envs', '2', '--seed', '5',
-        '--checkpoint_interval_s', '0']
+        '--checkpoint_interval_s', '0', '--no-standby_restarts']
 
 
 def test_both_launchers_build_the_same_program_from_the_same_flags():
@@ -30,6 +30,7 @@ def test_flags_the_vertex_launcher_lacked_before_are_there():
   assert (args.env_engine, args.scenario, args.agent_config) == (
       'vector_async', 'x', ['torso=impala_resnet'])
   assert args.envs_per_actor == 32 and args.max_seconds == 24 * 3600.0  # Vertex defaults
+  assert args.standby_restarts and not local.parse_args(['catch', 'vtrace', '2']).standby_restarts
 
 
 @pytest.mark.parametrize('extra, named', [
