@@ -184,7 +184,7 @@ def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
   import tensorflow as tf  # noqa: F401  (real network, real variables)
   from seedacme.agents import vtrace
 
-  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network='lstm', lstm_size=8))
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core='lstm', lstm_size=8))
   network = builder.make_networks(SPEC)
   policy = builder.make_policy(network, SPEC, num_train_envs=4, num_envs=4)
   server = InferenceServer(policy, SPEC, 4, None, max_batch_envs=2, batch_timeout_s=0.001)

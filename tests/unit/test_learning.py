@@ -83,9 +83,9 @@ def _table_size(client, table):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize('network', ['mlp', 'lstm'])
-def test_unrolls_flow_from_inference_to_learner(make_central, network):
-  cfg = vtrace.VTraceConfig(network=network, unroll_length=5, batch_size=4,
+@pytest.mark.parametrize('core', ['feedforward', 'lstm'])
+def test_unrolls_flow_from_inference_to_learner(make_central, core):
+  cfg = vtrace.VTraceConfig(core=core, unroll_length=5, batch_size=4,
                             hidden_sizes=(16,), lstm_size=8, queue_size=64)
   central, client, actors, table = make_central(cfg, num_actors=1, envs_per_actor=4)
   for a in actors:
@@ -97,7 +97,7 @@ def test_unrolls_flow_from_inference_to_learner(make_central, network):
   sample = next(client.sample(table, emit_timesteps=False, unpack_as_table_signature=True)).data
   assert sample['observation'].shape == (6, 10, 5)  # T + 1 steps
   assert sample['logits'].shape == (6, 3)
-  if network == 'lstm':
+  if core == 'lstm':
     assert [x.shape for x in sample['initial_state']] == [(8,), (8,)]
   else:
     assert 'initial_state' not in sample
