@@ -41,7 +41,7 @@ class _Actor(threading.Thread):
         reply = self.central.step(make_request(
             self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
             ts.discount, ts.step_type))
-        ts, _ = self.envs.step(reply['action'])
+        ts = self.envs.step(reply['action'])
         self.steps += 1
     except Exception as e:  # noqa: BLE001
       if not self.stop.is_set():
