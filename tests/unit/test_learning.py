@@ -101,8 +101,7 @@ def test_unrolls_flow_from_inference_to_learner(make_central, core):
     assert [x.shape for x in sample['initial_state']] == [(8,), (8,)]
   else:
     assert 'initial_state' not in sample
-  central.learner.warm_up()
-  assert central.learner._train.experimental_get_tracing_count() > 0  # before any batch
+  assert central.learner.warm_up()  # the step is traced before any batch
   metrics = central.learner.step()
   assert metrics is not None and np.isfinite(metrics['loss'])
   assert 0.0 < metrics['mean_rho'] < 10.0
@@ -176,8 +175,7 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
   size = _table_size(client, table)
   before = _sampled_priorities(client, table, 4 * size)
   assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants
-  central.learner.warm_up()
-  assert central.learner._train.experimental_get_tracing_count() > 0  # before any batch
+  assert central.learner.warm_up()  # the step is traced before any batch
   for _ in range(5):
     assert central.learner.step() is not None
   assert central.learner.priority_updates == 5 * 16
