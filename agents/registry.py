@@ -66,14 +66,14 @@ def _entry(agent: str) -> AgentEntry:
 
 # Per-environment overrides of the agent's config dataclass.
 _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
-    'catch': dict(network='mlp', hidden_sizes=(64, 64), unroll_length=20, batch_size=32,
+    'catch': dict(core='feedforward', hidden_sizes=(64, 64), unroll_length=20, batch_size=32,
                   learning_rate=1e-3, entropy_cost=0.01),
-    'cartpole': dict(network='mlp', hidden_sizes=(64, 64), unroll_length=20,
+    'cartpole': dict(core='feedforward', hidden_sizes=(64, 64), unroll_length=20,
                      batch_size=32, learning_rate=1e-3, entropy_cost=0.01,
                      reward_scale=0.1),
     # Atari/DMLab: rewards clipped in the loss; envs report raw scores.
     # Feed-forward Nature CNN: what 2 CPU cores can train; SEED's own choice is
-    # torso='impala_resnet' with network='lstm' (set them for accelerator runs).
+    # torso='impala_resnet' with core='lstm' (set them for accelerator runs).
     # adam_epsilon=1e-3: with Adam's default 1e-7 every parameter moves ~lr per step
     # however tiny its gradient, and on Pong the consistent early pull of the value
     # towards its mean return (~-2) drove every unit of the first conv layer below zero
@@ -88,13 +88,13 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # and passed 0 at 2.3M (README, "Pong learns"; bench/optimizer_probe.py).
     # batch_size 8, queue_size 32: on 2 cores batch 8 gives 4x the updates for the same
     # frames, and a full queue is the policy lag: 32 unrolls are 4 updates (256: 32).
-    'atari': dict(network='mlp', torso='nature_cnn', reward_clip=1.0, discount=0.99,
+    'atari': dict(core='feedforward', torso='nature_cnn', reward_clip=1.0, discount=0.99,
                   optimizer='rmsprop', learning_rate=6e-4, adam_epsilon=1e-3,
                   entropy_cost=0.01, unroll_length=20, batch_size=8, queue_size=32),
-    'dmlab': dict(network='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
+    'dmlab': dict(core='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
     # Football (stacked SMM): SEED's feed-forward 4-stack ResNet, unroll and discount;
     # a learning rate and entropy cost for short runs (SEED's are tuned for 500M frames).
-    'football': dict(network='mlp', torso='football', unroll_length=32, batch_size=16,
+    'football': dict(core='feedforward', torso='football', unroll_length=32, batch_size=16,
                      discount=0.997, learning_rate=3e-4, entropy_cost=0.003),
 }
 

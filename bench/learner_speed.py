@@ -51,7 +51,7 @@ def _child(args) -> None:
   config = registry.make_builder('vtrace', 'atari', batch_size=args.batch_size,
                                  **overrides).config
   num_actions, t1, b = 6, config.unroll_length + 1, args.batch_size
-  network = make_network(config.network, num_actions, config.hidden_sizes,
+  network = make_network(config.core, num_actions, config.hidden_sizes,
                          config.lstm_size, config.torso)
   learner = VTraceLearner(network, config, None)
   rng = np.random.RandomState(0)

@@ -63,7 +63,7 @@ def main() -> None:
     config = registry.make_builder('vtrace', 'atari', batch_size=args.batch_size,
                                    learning_rate=args.learning_rate, **overrides).config
     tf.random.set_seed(0)
-    network = make_network(config.network, 6, config.hidden_sizes, config.lstm_size,
+    network = make_network(config.core, 6, config.hidden_sizes, config.lstm_size,
                            config.torso)
     network(tf.constant(unrolls[0]['observation'][:1]), ())
     res = probes.probe(VTraceLearner(network, config, None), network, unrolls,

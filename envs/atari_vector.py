@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seedacme.accounting import FIRST, LAST, MID
-from seedacme.envs.batched import BatchStep, EpisodeStats
+from seedacme.envs.batched import BatchStep
 from seedacme.envs.registry import EnvSpec
 
 MAX_EPISODE_FRAMES = 108_000  # as envs/atari.py
@@ -55,7 +55,6 @@ class SlotStep(NamedTuple):
   """Timesteps of some of an engine's K env slots (a half batch, or all K)."""
   slots: np.ndarray  # int64 [B]: which of the K envs (0..K-1), in the order of `step`
   step: BatchStep  # arrays with leading dimension B
-  finished: EpisodeStats  # episodes that ended with these timesteps
 
 
 def rom_name(game: str) -> str:
@@ -66,17 +65,16 @@ def rom_name(game: str) -> str:
 class _Timelines:
   """Turns the C++ engine's raw outputs into dm_env-style batches, per env slot.
 
-  Keeps, per env: whether its last timestep ended an episode (so the next one is FIRST),
-  the running episode return and length, and the steps since the episode started (to
-  replace ale-py's zero padding of the frame stack by copies of the first frame).
+  Keeps, per env: whether its last timestep ended an episode (so the next one is FIRST)
+  and the steps since the episode started (to replace ale-py's zero padding of the
+  frame stack by copies of the first frame). Returns are added up by the reader
+  (`seedacme.accounting.EpisodeTracker`).
   """
 
   def __init__(self, num_envs: int, stack: int):
     self._stack = stack
     self._ended = np.ones(num_envs, bool)  # before the first reset: next is FIRST
     self._episode_step = np.zeros(num_envs, np.int64)
-    self._return = np.zeros(num_envs, np.float64)
-    self._length = np.zeros(num_envs, np.int64)
 
   def convert(self, slots: np.ndarray, obs: np.ndarray, reward: np.ndarray,
               terminated: np.ndarray, truncated: np.ndarray) -> SlotStep:
@@ -86,20 +84,15 @@ class _Timelines:
     reward = np.where(first, 0.0, reward).astype(np.float32)
     discount = np.where(terminated & ~first, 0.0, 1.0).astype(np.float32)
 
-    # Episode bookkeeping, as BatchedEnv: FIRST resets, MID/LAST add up.
-    self._return[slots] = np.where(first, 0.0, self._return[slots] + reward)
-    self._length[slots] = np.where(first, 0, self._length[slots] + 1)
     self._episode_step[slots] = np.where(first, 0, self._episode_step[slots] + 1)
     self._ended[slots] = ended
-    finished = EpisodeStats([float(r) for r in self._return[slots[ended]]],
-                            [int(n) for n in self._length[slots[ended]]])
 
     # [B, stack, H, W] -> [B, H, W, stack], then the first frame over the zero padding.
     observation = np.ascontiguousarray(np.moveaxis(obs, 1, -1))
     for j in np.flatnonzero(self._episode_step[slots] < self._stack - 1):
       newest_pad = self._stack - 1 - int(self._episode_step[slots[j]])
       observation[j, :, :, :newest_pad] = observation[j, :, :, newest_pad:newest_pad + 1]
-    return SlotStep(slots, BatchStep(observation, reward, discount, step_type), finished)
+    return SlotStep(slots, BatchStep(observation, reward, discount, step_type))
 
 
 class _VectorBase:
@@ -166,13 +159,13 @@ class AtariVectorEnv(_VectorBase):
     return self._timelines.convert(np.asarray(info['env_id'], np.int64), obs,
                                    np.zeros(self.num_envs, np.int32), zeros, zeros).step
 
-  def step(self, actions: np.ndarray) -> 'tuple[BatchStep, EpisodeStats]':
+  def step(self, actions: np.ndarray) -> BatchStep:
     """Applies `actions[i]` to env i (or restarts it if its episode has ended)."""
     self._env.send(self._check_actions(actions, self.num_envs))
     out = self._convert(self._env.recv())
     # Synchronous mode returns the envs in order (ale-py stages env i in slot i).
     assert np.array_equal(out.slots, np.arange(self.num_envs)), out.slots
-    return out.step, out.finished
+    return out.step
 
 
 class AtariVectorHalves(_VectorBase):

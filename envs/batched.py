@@ -4,9 +4,11 @@
 environments. An episode that ended on the previous step is restarted on the next
 `step` call (the action sent for its LAST step is ignored), so every call returns K
 timesteps and the server sees LAST followed by FIRST for each env, as dm_env intends.
+Engines report rewards and step types only; episode returns and lengths are added up
+by whoever reads them (`seedacme.accounting.EpisodeTracker`).
 """
 
-from typing import List, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import dm_env
 import numpy as np
@@ -20,12 +22,6 @@ class BatchStep(NamedTuple):
   reward: np.ndarray  # float32 [K]; 0 on FIRST steps
   discount: np.ndarray  # float32 [K]; 1 on FIRST steps
   step_type: np.ndarray  # int8 [K]; dm_env.StepType values
-
-
-class EpisodeStats(NamedTuple):
-  """Episodes that ended during one `step` call."""
-  returns: List[float]
-  lengths: List[int]
 
 
 class BatchedEnv:
@@ -43,8 +39,6 @@ class BatchedEnv:
     self._reward = np.zeros(k, np.float32)
     self._discount = np.ones(k, np.float32)
     self._step_type = np.zeros(k, np.int8)
-    self._episode_return = np.zeros(k, np.float64)
-    self._episode_length = np.zeros(k, np.int64)
 
   def _write(self, i: int, ts: dm_env.TimeStep) -> None:
     self._obs[i] = ts.observation
@@ -60,31 +54,18 @@ class BatchedEnv:
     """Starts a new episode in every env."""
     for i, env in enumerate(self._envs):
       self._write(i, env.reset())
-    self._episode_return[:] = 0
-    self._episode_length[:] = 0
     return self._batch()
 
-  def step(self, actions: np.ndarray) -> 'tuple[BatchStep, EpisodeStats]':
+  def step(self, actions: np.ndarray) -> BatchStep:
     """Applies `actions[i]` to env i (or restarts it if its episode has ended)."""
     actions = np.asarray(actions)
     if actions.shape != (self.num_envs,):
       raise ValueError(
           f'expected {self.num_envs} actions, got an array of shape {actions.shape}')
-    finished = EpisodeStats([], [])
     for i, env in enumerate(self._envs):
-      if self._step_type[i] == dm_env.StepType.LAST:
-        ts = env.reset()
-        self._episode_return[i] = 0
-        self._episode_length[i] = 0
-      else:
-        ts = env.step(actions[i])
-        self._episode_return[i] += ts.reward
-        self._episode_length[i] += 1
-        if ts.last():
-          finished.returns.append(float(self._episode_return[i]))
-          finished.lengths.append(int(self._episode_length[i]))
-      self._write(i, ts)
-    return self._batch(), finished
+      last = self._step_type[i] == dm_env.StepType.LAST
+      self._write(i, env.reset() if last else env.step(actions[i]))
+    return self._batch()
 
   def close(self) -> None:
     for env in self._envs:

@@ -29,8 +29,8 @@ from absl import logging
 import numpy as np
 
 from seedacme import protocol
+from seedacme.accounting import EpisodeTracker
 from seedacme.envs.atari_vector import SlotStep
-from seedacme.envs.batched import EpisodeStats
 from seedacme.envs.registry import EnvFactory, make_engine
 from seedacme.lifecycle import default_stop_event
 
@@ -60,13 +60,13 @@ class Lockstep:
   def recv(self) -> SlotStep:
     """The K current timesteps (reset on the first call)."""
     if self._pending is None:
-      return SlotStep(self._slots, self._envs.reset(), EpisodeStats([], []))
+      return SlotStep(self._slots, self._envs.reset())
     pending, self._pending = self._pending, None
     return pending
 
   def send(self, actions: np.ndarray) -> None:
     """Steps all K envs; `recv()` returns the result."""
-    self._pending = SlotStep(self._slots, *self._envs.step(actions))
+    self._pending = SlotStep(self._slots, self._envs.step(actions))
 
   def close(self) -> None:
     self._envs.close()
@@ -125,6 +125,7 @@ class EnvActor:
     self.steps = 0  # inference calls answered with actions
     self.env_steps = 0
     self.episode_returns = collections.deque(maxlen=1000)  # recent, for tests/logs
+    self._episodes = EpisodeTracker(num_envs)  # by slot (the engine's env index)
 
   def _call(self, request):
     """One inference call, retried with backoff while the server is unreachable.
@@ -207,15 +208,15 @@ class EnvActor:
                      self._actor_id, time.monotonic() - started)
       self._envs.send(reply['action'])
       batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
-      finished = batch.finished
+      finished = self._episodes.observe(batch.slots, batch.step.step_type, batch.step.reward)
       self.steps += 1
       self.env_steps += len(batch.slots)
       steps_unreported += len(batch.slots)
       episodes_unreported += len(finished.returns)
-      recent.extend(finished.returns)
+      recent.extend(finished.returns.tolist())
       round_episodes += len(finished.returns)
-      recent_lengths.extend(finished.lengths)
-      self.episode_returns.extend(finished.returns)
+      recent_lengths.extend(finished.lengths.tolist())
+      self.episode_returns.extend(finished.returns.tolist())
       now = time.monotonic()
       if self._counter is not None and now - last_count >= self._counter_interval_s:
         key = 'evaluator' if self._greedy else 'actor'

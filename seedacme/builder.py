@@ -56,12 +56,14 @@ class Learner(abc.ABC):
     """Everything trained that a restart must not lose: networks, optimizer, counters
     (TF trackables; saved with `tf.train.Checkpoint`)."""
 
-  def warm_up(self) -> None:
-    """Builds the SGD step's graph before the first batch arrives.
+  def warm_up(self) -> bool:
+    """Builds the SGD step's graph before the first batch arrives; returns whether the
+    step is traced now (False: this learner has nothing to trace ahead).
 
     Tracing a learner step takes seconds; done while actors start and fill the replay,
     it is off the path to the first learner step.
     """
+    return False
 
   def close(self) -> None:
     """Releases datasets and threads."""

@@ -39,7 +39,7 @@ def random_play_unrolls(game: str = 'Pong', num_envs: int = 16, unroll_length: i
                         reward=np.asarray(ts.reward, np.float32),
                         discount=np.asarray(ts.discount, np.float32), action=action,
                         logits=np.zeros((num_envs, env.spec.num_actions), np.float32)))
-      ts, _ = env.step(action)
+      ts = env.step(action)
   finally:
     env.close()
   unrolls = []

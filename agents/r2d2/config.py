@@ -14,7 +14,8 @@ class R2D2Config:
     period: steps between starts of consecutive sequences of one env (paper: 40).
     n_step: n of the n-step double-Q target (paper: 5).
     discount: gamma (paper: 0.997).
-    torso: 'mlp', 'nature_cnn' or 'impala_resnet' (the last two for frames).
+    torso: what reads the observation: 'mlp', 'nature_cnn' or 'impala_resnet' (the
+      last two for frames); the core after it is always an LSTM (lstm_size).
     hidden_sizes, lstm_size, dueling: the Q-network.
     learning_rate, adam_epsilon, max_gradient_norm: optimizer (Adam).
     batch_size: sequences per learner step.

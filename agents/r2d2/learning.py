@@ -93,11 +93,12 @@ class R2D2Learner(Learner):
     self.num_steps.assign_add(1)
     return priorities, metrics
 
-  def warm_up(self) -> None:
+  def warm_up(self) -> bool:
     if self._item_signature is not None:
       b = self._config.batch_size
       self._train.get_concrete_function(batch_specs(self._item_signature, b),
                                         tf.TensorSpec((b,), tf.float32))
+    return self._train.experimental_get_tracing_count() > 0
 
   def train_on(self, info, batch) -> Dict[str, float]:
     """One SGD step on a sampled batch; writes the new priorities back to the table."""

@@ -1,4 +1,4 @@
-"""R2D2's recurrent Q-network (Sonnet 2): MLP torso -> LSTM -> (dueling) Q head.
+"""R2D2's recurrent Q-network (Sonnet 2): torso -> LSTM core -> (dueling) Q head.
 
 Entry points match the V-trace networks: `initial_state`, `__call__(obs, state)` for
 one batched inference step, and `unroll(obs, first, state)` over time-major inputs,
@@ -29,7 +29,7 @@ class DuelingHead(snt.Module):
 
 
 class RecurrentQNetwork(snt.Module):
-  """MLP torso -> LSTM -> Q-values; state is the tuple (hidden, cell)."""
+  """Torso -> LSTM core -> Q-values; state is the tuple (hidden, cell)."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
                lstm_size: int = 128, dueling: bool = True, torso: str = 'mlp',

@@ -36,7 +36,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
 
   def _network(self, spec: EnvSpec):
     c = self.config
-    return networks.make_network(c.network, spec.num_actions, c.hidden_sizes, c.lstm_size,
+    return networks.make_network(c.core, spec.num_actions, c.hidden_sizes, c.lstm_size,
                                  c.torso)
 
   def item_signature(self, spec: EnvSpec) -> Dict[str, Any]:

@@ -3,6 +3,13 @@
 import dataclasses
 from typing import Tuple
 
+from absl import logging
+
+CORES = ('feedforward', 'lstm')
+# The field's old name and values: `network='mlp'|'lstm'` (renamed because 'mlp' also
+# names a torso).
+_OLD_CORE_NAMES = {'mlp': 'feedforward', 'lstm': 'lstm'}
+
 
 @dataclasses.dataclass
 class VTraceConfig:
@@ -11,11 +18,13 @@ class VTraceConfig:
   Attributes:
     unroll_length: T, transitions per unroll; unrolls hold T + 1 steps (bootstrap).
     batch_size: unrolls per learner step.
-    network: 'mlp' (feed-forward) or 'lstm': the core after the torso.
-    torso: 'mlp', 'nature_cnn', 'impala_resnet' or 'football' (the last three for
-      frames; 'football' is SEED's torso for the stacked football SMM).
+    core: what follows the torso: 'feedforward' (the torso's output goes straight to
+      the policy/value head) or 'lstm' (an LSTM in between).
+    torso: what reads the observation: 'mlp', 'nature_cnn', 'impala_resnet' or
+      'football' (the last three for frames; 'football' is SEED's torso for the
+      stacked football SMM).
     hidden_sizes: MLP torso layer sizes.
-    lstm_size: LSTM core size (network='lstm').
+    lstm_size: LSTM core size (core='lstm').
     optimizer: 'adam' (SEED's) or 'rmsprop' (IMPALA's TF1 RMSprop, agents/vtrace/optimizers.py).
     learning_rate, max_gradient_norm: both optimizers.
     adam_epsilon: Adam's epsilon (outside the square root).
@@ -33,7 +42,7 @@ class VTraceConfig:
   """
   unroll_length: int = 20
   batch_size: int = 32
-  network: str = 'mlp'
+  core: str = 'feedforward'
   torso: str = 'mlp'
   hidden_sizes: Tuple[int, ...] = (64, 64)
   lstm_size: int = 64
@@ -58,3 +67,16 @@ class VTraceConfig:
   reward_scale: float = 1.0
   queue_size: int = 256
   seed: int = 0
+  # Deprecated spelling of `core` ('mlp' -> 'feedforward'); not a field (not stored).
+  network: dataclasses.InitVar[str | None] = None
+
+  def __post_init__(self, network: str | None) -> None:
+    if network is not None:
+      if network not in _OLD_CORE_NAMES:
+        raise ValueError(f'network={network!r}: the field is now core, one of {CORES}')
+      self.core = _OLD_CORE_NAMES[network]
+      logging.warning("VTraceConfig: network=%r is deprecated; use core=%r (network "
+                      "was renamed core: 'mlp' is a torso)", network, self.core)
+    if self.core not in CORES:
+      raise ValueError(f'core={self.core!r}: choose one of {CORES} (the torso is '
+                       'set by torso=)')

@@ -87,10 +87,11 @@ class VTraceLearner(Learner):
     metrics['grad_norm'] = norm
     return metrics
 
-  def warm_up(self) -> None:
+  def warm_up(self) -> bool:
     if self._item_signature is not None:
       self._train.get_concrete_function(
           batch_specs(self._item_signature, self._config.batch_size))
+    return self._train.experimental_get_tracing_count() > 0
 
   def train_on(self, batch) -> Dict[str, float]:
     """One SGD step on a given batch (used by `step` and by tests)."""

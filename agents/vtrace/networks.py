@@ -47,7 +47,7 @@ class PolicyValueHead(snt.Module):
 
 
 class FeedForwardPolicyValue(snt.Module):
-  """MLP torso -> (logits, value). Stateless."""
+  """Torso -> (logits, value): the feed-forward core. Stateless."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
                torso: str = 'mlp', name: str = 'feed_forward_policy_value'):
@@ -72,7 +72,7 @@ class FeedForwardPolicyValue(snt.Module):
 
 
 class LSTMPolicyValue(snt.Module):
-  """MLP torso -> LSTM -> (logits, value). State is the tuple (hidden, cell)."""
+  """Torso -> LSTM core -> (logits, value). State is the tuple (hidden, cell)."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
                lstm_size: int = 64, torso: str = 'mlp', name: str = 'lstm_policy_value'):
@@ -92,11 +92,11 @@ class LSTMPolicyValue(snt.Module):
     return batch_apply(self._head, outputs)
 
 
-def make_network(kind: str, num_actions: int, hidden_sizes: Sequence[int],
+def make_network(core: str, num_actions: int, hidden_sizes: Sequence[int],
                  lstm_size: int, torso: str = 'mlp') -> snt.Module:
-  """'mlp' (feed-forward) or 'lstm' policy/value network on a given torso."""
-  if kind == 'mlp':
+  """The policy/value network: `torso` -> `core` ('feedforward' or 'lstm') -> head."""
+  if core == 'feedforward':
     return FeedForwardPolicyValue(num_actions, hidden_sizes, torso)
-  if kind == 'lstm':
+  if core == 'lstm':
     return LSTMPolicyValue(num_actions, hidden_sizes, lstm_size, torso)
-  raise ValueError(f"Unknown network {kind!r}; choose 'mlp' or 'lstm'")
+  raise ValueError(f"Unknown core {core!r}; choose 'feedforward' or 'lstm'")

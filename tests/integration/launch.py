@@ -70,7 +70,11 @@ def target_value(summary: Dict) -> float:
 
 
 class Run:
-  """A launched program: its process, logdir and what it printed."""
+  """A launched program: its process, logdir and what it printed.
+
+  Used as `with Run(...) as run: <poke at it>; run.complete(timeout)`: a test that fails
+  before the program ends kills it on the way out.
+  """
 
   def __init__(self, args: List[str], workdir: str, logdir: str | None = None,
                register: str | None = None):
@@ -88,6 +92,13 @@ class Run:
     if register is not None:
       env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
     self.proc = process.start(args, self.logdir, self._out, env=env, register=register)
+
+  def __enter__(self) -> 'Run':
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is not None:
+      self.kill()
 
   def wait(self, timeout: float) -> int:
     try:

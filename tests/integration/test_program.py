@@ -103,9 +103,8 @@ def _check_servers_unreachable_from_host(run):
 
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_every_node(tmp_path):
-  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '600', '--progress_interval_s', '2'],
-            str(tmp_path))
-  try:
+  with Run(['catch', 'vtrace', '2', '8', '--max_seconds', '600', '--progress_interval_s', '2'],
+           str(tmp_path)) as run:
     # Interrupt mid-training: actors stepping, learner inside Reverb sampling.
     training = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
     deadline = time.monotonic() + 150
@@ -117,8 +116,7 @@ def test_ctrl_c_stops_every_node(tmp_path):
     start = time.monotonic()
     run.wait(60)
     stop_seconds = time.monotonic() - start
-  finally:
-    leftovers = run.wait_for_no_leftovers()
+  leftovers = run.wait_for_no_leftovers()
   assert not leftovers, f'processes left behind: {leftovers}'
   assert 'Killing entire runtime' not in run.output  # nobody needed SIGKILL
   assert stop_seconds < 15, stop_seconds
@@ -131,12 +129,7 @@ def test_ctrl_c_stops_every_node(tmp_path):
 def test_vtrace_solves_cartpole(tmp_path):
   run = Run(['cartpole', 'vtrace', '2', '16', '--max_seconds', '300', '--target_return', '475'],
             str(tmp_path))
-  try:
-    code = run.wait(400)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
+  run.complete(400)
   summary = run.json('summary.json')
   assert 'target' in summary['stopped_because'], summary
   assert target_value(summary) >= 475
@@ -146,12 +139,7 @@ def test_vtrace_solves_cartpole(tmp_path):
 def test_r2d2_solves_catch_with_priority_updates(tmp_path):
   run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
              '--target_on', 'eval', '--progress_interval_s', '3'], str(tmp_path))
-  try:
-    code = run.wait(330)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
+  run.complete(330)
   summary = run.json('summary.json')
   assert 'eval_average return' in summary['stopped_because'], summary
   assert target_value(summary) >= 0.9
@@ -170,12 +158,7 @@ def test_r2d2_solves_catch_with_priority_updates(tmp_path):
 def test_r2d2_solves_cartpole_greedy(tmp_path):
   run = Run(['cartpole', 'r2d2', '2', '16', '--max_seconds', '480', '--target_return', '475',
              '--target_on', 'eval'], str(tmp_path))
-  try:
-    code = run.wait(560)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
+  run.complete(560)
   assert target_value(run.json('summary.json')) >= 475
 
 
@@ -202,12 +185,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
   second = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '300', '--max_learner_steps',
                 str(saved + 20), '--progress_interval_s', '1'], str(tmp_path / 'second'),
                logdir=logdir)
-  try:
-    code = second.wait(330)
-  finally:
-    leftovers = second.wait_for_no_leftovers()
-  assert code == 0, second.output[-3000:]
-  assert not leftovers
+  second.complete(330)
   assert f'resumed from checkpoint at learner step {saved}' in second.output
   summary = second.json('summary.json')
   assert summary['resumed_from_learner_step'] == saved

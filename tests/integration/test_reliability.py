@@ -21,25 +21,38 @@ def _wait_for(predicate, timeout, run):
   return predicate()
 
 
+def _wait_for_learning(run: Run) -> None:
+  learning = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
+  assert _wait_for(learning, 150, run), run.output[-3000:]
+
+
+def _kill_child(run: Run, node: str) -> int:
+  """SIGKILLs the process doing `node`'s work (its supervisor stays); returns its pid."""
+  victim = supervised_child(run, node)
+  os.kill(victim, signal.SIGKILL)
+  return victim
+
+
+def _wait_for_log(run: Run, node: str, text: str, timeout: float = 60) -> None:
+  assert _wait_for(lambda: text in run.node_log(node), timeout, run), \
+      run.node_log(node)[-3000:]
+
+
+def _restarted_once(run: Run, node: str, victim: int) -> bool:
+  return f'child {victim} died (exit code -9); restart #1' in run.node_log(node)
+
+
 @pytest.mark.timeout(360)
 def test_killed_actor_is_restarted_and_learning_continues(tmp_path):
-  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '240', '--target_return', '0.9',
-             '--progress_interval_s', '2'], str(tmp_path))
-  try:
-    assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
-        run.output[-3000:]
+  with Run(['catch', 'vtrace', '2', '8', '--max_seconds', '240', '--target_return', '0.9',
+            '--progress_interval_s', '2'], str(tmp_path)) as run:
+    _wait_for_learning(run)
     # The server must know this actor's run id before the kill, or the new one is not
     # a change (a slow start can keep one actor waiting while the others are served).
-    assert _wait_for(lambda: 'first answer from the inference server' in
-                     run.node_log('actor/0'), 60, run), run.output[-3000:]
-    victim = supervised_child(run, 'actor/0')
-    os.kill(victim, signal.SIGKILL)
-    code = run.wait(300)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
-  assert f'child {victim} died (exit code -9); restart #1' in run.node_log('actor/0')
+    _wait_for_log(run, 'actor/0', 'first answer from the inference server')
+    victim = _kill_child(run, 'actor/0')
+    run.complete(300)
+  assert _restarted_once(run, 'actor/0', victim)
   # The server saw new run ids for that actor's envs and reset them.
   assert 'Run id changed for 8 envs (actor restart)' in run.node_log('learner/0')
   summary = run.json('summary.json')
@@ -51,23 +64,16 @@ def test_killed_actor_is_restarted_and_learning_continues(tmp_path):
 @pytest.mark.timeout(420)
 def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_path):
   logdir = os.path.join(str(tmp_path), 'logdir')
-  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '240', '--target_return', '0.9',
-             '--checkpoint_interval_s', '2', '--progress_interval_s', '1'], str(tmp_path),
-            logdir=logdir)
-  try:
+  with Run(['catch', 'vtrace', '2', '8', '--max_seconds', '240', '--target_return', '0.9',
+            '--checkpoint_interval_s', '2', '--progress_interval_s', '1'], str(tmp_path),
+           logdir=logdir) as run:
     saved_any = lambda: (checkpointed_learner_step(logdir) or 0) > 0  # noqa: E731
     assert _wait_for(saved_any, 150, run), run.output[-3000:]
-    victim = supervised_child(run, 'learner/0')
-    os.kill(victim, signal.SIGKILL)
+    victim = _kill_child(run, 'learner/0')
     saved = checkpointed_learner_step(logdir)
-    code = run.wait(360)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
-  learner_log = run.node_log('learner/0')
-  assert f'child {victim} died (exit code -9); restart #1' in learner_log
-  assert 'Restored checkpoint' in learner_log
+    run.complete(360)
+  assert _restarted_once(run, 'learner/0', victim)
+  assert 'Restored checkpoint' in run.node_log('learner/0')
   resumed = [int(line.rsplit('learner step ', 1)[1].split(',')[0])
              for line in run.output.splitlines() if 'resumed from checkpoint' in line]
   assert resumed and resumed[-1] >= saved  # continued from the checkpoint, not from 0
@@ -94,9 +100,8 @@ def _rss_mb(pids):
 @pytest.mark.timeout(300)
 def test_slow_learner_blocks_actors_and_memory_stays_flat(tmp_path):
   # The learner takes a step every 0.5 s: actors produce far more than it can consume.
-  run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '75', '--learner_step_delay_s',
-             '0.5', '--num_eval_envs', '0', '--progress_interval_s', '2'], str(tmp_path))
-  try:
+  with Run(['catch', 'vtrace', '2', '16', '--max_seconds', '75', '--learner_step_delay_s',
+            '0.5', '--num_eval_envs', '0', '--progress_interval_s', '2'], str(tmp_path)) as run:
     full = lambda: any((r.get('replay_size') or 0) >= 256 for r in run.progress())  # noqa: E731
     assert _wait_for(full, 150, run), run.output[-3000:]  # the queue filled up ...
     time.sleep(5)
@@ -105,11 +110,7 @@ def test_slow_learner_blocks_actors_and_memory_stays_flat(tmp_path):
     time.sleep(30)
     second = _rss_mb(leftover_processes(run.tag))
     records_now = run.progress()
-    code = run.wait(120)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers
+    run.complete(120)
   # ... and stayed bounded: the rate limiter holds the queue at its size,
   assert all(r['replay_size'] <= 256 for r in records_now if r.get('replay_size') is not None)
   # inference waited on it (the writer blocked) and acting slowed to the learner's pace:
@@ -128,26 +129,17 @@ def _replay_log_count(run: Run, text: str) -> int:
 
 @pytest.mark.timeout(300)
 def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
-  run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', '200', '--target_return', '0.9',
-             '--progress_interval_s', '1', '--standby_restarts'], str(tmp_path))
-  try:
-    assert _wait_for(lambda: any(r['learner_steps'] > 0 for r in run.progress()), 150, run), \
-        run.output[-3000:]
-    standby = lambda: 'started standby process' in run.node_log('replay/0')  # noqa: E731
-    assert _wait_for(standby, 60, run), run.node_log('replay/0')[-3000:]
-    victim = supervised_child(run, 'replay/0')
-    os.kill(victim, signal.SIGKILL)
+  with Run(['catch', 'vtrace', '2', '8', '--max_seconds', '200', '--target_return', '0.9',
+            '--progress_interval_s', '1', '--standby_restarts'], str(tmp_path)) as run:
+    _wait_for_learning(run)
+    _wait_for_log(run, 'replay/0', 'started standby process')
+    victim = _kill_child(run, 'replay/0')
     # The replay node's standby serves the same port at once; the writer and the dataset
     # go on (each logs one line when it notices the server gone and one when it is back).
-    took_over = lambda: 'takes over' in run.node_log('replay/0')  # noqa: E731
-    assert _wait_for(took_over, 30, run), run.node_log('replay/0')[-3000:]
+    _wait_for_log(run, 'replay/0', 'takes over', timeout=30)
     steps_after_restart = run.progress()[-1]['learner_steps']
-    code = run.wait(240)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers, leftovers
-  assert f'child {victim} died (exit code -9); restart #1' in run.node_log('replay/0')
+    run.complete(240)
+  assert _restarted_once(run, 'replay/0', victim)
   # One line when it went, one when it was back: no error storm.
   assert _replay_log_count(run, 'unreachable') <= 2, run.node_log('learner/0')[-3000:]
   assert _replay_log_count(run, 'Traceback') == 0
@@ -167,26 +159,19 @@ def _replay_checkpoints(run: Run) -> list:
 
 @pytest.mark.timeout(300)
 def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
-  run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '85', '--num_eval_envs', '0',
-             '--progress_interval_s', '1', '--agent_config', 'replay_checkpoint_interval_s=3',
-             '--agent_config', 'min_replay_size=200'], str(tmp_path))
-  try:
+  with Run(['catch', 'r2d2', '2', '16', '--max_seconds', '85', '--num_eval_envs', '0',
+            '--progress_interval_s', '1', '--agent_config', 'replay_checkpoint_interval_s=3',
+            '--agent_config', 'min_replay_size=200'], str(tmp_path)) as run:
     ready = lambda: (any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
                      and _replay_checkpoints(run))
     assert _wait_for(ready, 150, run), run.output[-3000:]
     time.sleep(4)  # a checkpoint taken while learning
-    victim = supervised_child(run, 'replay/0')
-    os.kill(victim, signal.SIGKILL)
-    restored = lambda: 'restored the latest checkpoint' in run.node_log('replay/0')  # noqa: E731
-    assert _wait_for(restored, 60, run), run.node_log('replay/0')[-3000:]
+    victim = _kill_child(run, 'replay/0')
+    _wait_for_log(run, 'replay/0', 'restored the latest checkpoint')
     steps_after_restart = run.progress()[-1]['learner_steps']
-    code = run.wait(200)
-  finally:
-    leftovers = run.wait_for_no_leftovers()
-  assert code == 0, run.output[-3000:]
-  assert not leftovers, leftovers
+    run.complete(200)
+  assert _restarted_once(run, 'replay/0', victim)
   replay_log = run.node_log('replay/0')
-  assert f'child {victim} died (exit code -9); restart #1' in replay_log
   line = next(x for x in replay_log.splitlines() if 'restored the latest checkpoint' in x)
   restored_size = int(line.rsplit(':', 1)[1].strip(' }'))
   assert restored_size >= 200, line  # the replay came back full, not empty

@@ -79,7 +79,7 @@ def _replay(plans, steps, seed):
   try:
     out = [python.reset()]
     for t in range(steps - 1):
-      out.append(python.step(plans[:, t])[0])
+      out.append(python.step(plans[:, t]))
     return out
   finally:
     python.close()

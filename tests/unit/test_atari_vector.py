@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from seedacme import envs
+from seedacme.accounting import EpisodeTracker
 from seedacme.envs import atari_vector
 from seedacme.envs.atari_vector import AtariVectorEnv, AtariVectorHalves
 from seedacme.envs.batched import BatchedEnv
@@ -14,6 +15,17 @@ from seedacme.envs.registry import AtariFactory, make_engine
 
 FIRST, MID, LAST = (int(dm_env.StepType.FIRST), int(dm_env.StepType.MID),
                     int(dm_env.StepType.LAST))
+
+
+def _with_episodes(engine):
+  """`engine.step` that also returns the episodes it ended, as the actor accounts them
+  (`seedacme.accounting.EpisodeTracker`; the engines report step types and rewards)."""
+  tracker, ids = EpisodeTracker(engine.num_envs), np.arange(engine.num_envs)
+
+  def step(actions):
+    ts = engine.step(actions)
+    return ts, tracker.observe(ids, ts.step_type, ts.reward)
+  return step
 
 
 def test_shapes_dtypes_and_first_steps():
@@ -31,8 +43,8 @@ def test_shapes_dtypes_and_first_steps():
     for c in range(3):
       np.testing.assert_array_equal(ts.observation[..., c], ts.observation[..., 3])
     assert ts.observation[..., 3].any()
-    ts, finished = engine.step(np.zeros(3, np.int32))
-    assert (ts.step_type == MID).all() and finished.returns == []
+    ts, finished = _with_episodes(engine)(np.zeros(3, np.int32))
+    assert (ts.step_type == MID).all() and finished.returns.tolist() == []
     with pytest.raises(ValueError, match='expected 3 actions'):
       engine.step(np.zeros(2, np.int32))
     with pytest.raises(ValueError, match=r'actions must be in \[0, 6\)'):
@@ -59,15 +71,16 @@ def test_identical_to_the_python_loop_through_episode_ends():
   vector = AtariVectorEnv('Pong', k, seed=0, noop_max=0, num_threads=1)
   try:
     _assert_same(python.reset(), vector.reset(), 'reset')
+    python_step, vector_step = _with_episodes(python), _with_episodes(vector)
     rng = np.random.RandomState(0)
     types, episodes = [], []
     for t in range(1060):
       actions = rng.randint(6, size=k)
-      (a, a_done), (b, b_done) = python.step(actions), vector.step(actions)
+      (a, a_done), (b, b_done) = python_step(actions), vector_step(actions)
       _assert_same(a, b, f'step {t}')
-      assert a_done == b_done, (t, a_done, b_done)
+      _assert_same(a_done, b_done, f'episodes at step {t}')
       types.append(b.step_type)
-      episodes += b_done.returns
+      episodes += b_done.returns.tolist()
     types = np.array(types)
     assert episodes == [-20.0, -20.0]
     for env in range(k):
@@ -84,15 +97,16 @@ def test_restart_ignores_the_action_and_truncation_keeps_the_discount():
   engine = AtariVectorEnv('Pong', 2, seed=0, noop_max=0, max_episode_frames=200)
   try:
     start = engine.reset().observation
+    step = _with_episodes(engine)
     for _ in range(49):
-      ts, finished = engine.step(np.array([2, 3]))
+      ts, finished = step(np.array([2, 3]))
       assert (ts.step_type == MID).all()
-    ts, finished = engine.step(np.array([2, 3]))
+    ts, finished = step(np.array([2, 3]))
     assert (ts.step_type == LAST).all() and (ts.discount == 1).all()
-    assert finished.lengths == [50, 50] and len(finished.returns) == 2
-    ts, finished = engine.step(np.array([5, 4]))  # ignored: the envs restart
+    assert finished.lengths.tolist() == [50, 50] and len(finished.returns) == 2
+    ts, finished = step(np.array([5, 4]))  # ignored: the envs restart
     assert (ts.step_type == FIRST).all() and (ts.reward == 0).all()
-    assert finished.returns == []
+    assert finished.returns.tolist() == []
     np.testing.assert_array_equal(ts.observation, start)  # no no-ops: the same start
   finally:
     engine.close()
@@ -103,8 +117,9 @@ def test_termination_has_discount_zero():
   rng = np.random.RandomState(0)
   try:
     engine.reset()
+    step = _with_episodes(engine)
     for _ in range(2000):
-      ts, finished = engine.step(rng.randint(6, size=1))
+      ts, finished = step(rng.randint(6, size=1))
       if ts.step_type[0] == LAST:
         break
     assert ts.step_type[0] == LAST and ts.discount[0] == 0.0
@@ -121,7 +136,7 @@ def test_noop_starts_follow_the_seed():
     try:
       engine.reset()
       for _ in range(20):
-        ts, _ = engine.step(np.zeros(6, np.int32))
+        ts = engine.step(np.zeros(6, np.int32))
       return ts.observation
     finally:
       engine.close()
@@ -139,7 +154,7 @@ def test_sticky_actions_are_seeded_and_change_the_game():
     rng = np.random.RandomState(0)
     try:
       engine.reset()
-      return np.stack([engine.step(rng.randint(6, size=2))[0].observation
+      return np.stack([engine.step(rng.randint(6, size=2)).observation
                        for _ in range(150)])
     finally:
       engine.close()
@@ -163,7 +178,7 @@ def test_halves_return_every_envs_steps_in_order():
     assert halves.batch_size == 2
     expected = [reference.reset()]
     for t in range(steps):
-      expected.append(reference.step(plans[:, t])[0])
+      expected.append(reference.step(plans[:, t]))
     seen = [[] for _ in range(k)]
     while min(len(s) for s in seen) <= steps:
       batch = halves.recv()

@@ -31,7 +31,7 @@ def test_registry_atari_settings_keep_the_torso_alive(optimizer):
   overrides = {'optimizer': optimizer} if optimizer else {}
   config = registry.make_builder('vtrace', 'atari', batch_size=8, **overrides).config
   tf.random.set_seed(0)
-  network = make_network(config.network, 6, config.hidden_sizes, config.lstm_size,
+  network = make_network(config.core, 6, config.hidden_sizes, config.lstm_size,
                          config.torso)
   frames = tf.constant(np.stack([u['observation'][0] for u in unrolls[::2]]))
   network(frames[:1], ())

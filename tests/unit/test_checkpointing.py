@@ -25,8 +25,8 @@ def _unroll_batch(rng, b=4, n=6, lstm=None):
   return batch
 
 
-def _vtrace_learner(network_kind='lstm'):
-  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network=network_kind, lstm_size=8,
+def _vtrace_learner(core='lstm'):
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core=core, lstm_size=8,
                                                      hidden_sizes=(8,), unroll_length=5))
   network = builder.make_networks(SPEC)
   return network, vtrace.learning.VTraceLearner(network, builder.config, batches=None)
@@ -58,24 +58,24 @@ def test_restore_continues_training_exactly(tmp_path):
 
 
 def test_fresh_directory_restores_nothing(tmp_path):
-  _, learner = _vtrace_learner('mlp')
+  _, learner = _vtrace_learner('feedforward')
   assert Checkpointer(str(tmp_path / 'none'), learner.checkpoint_state()).restore() is None
 
 
 def test_maybe_save_respects_interval(tmp_path):
-  _, learner = _vtrace_learner('mlp')
+  _, learner = _vtrace_learner('feedforward')
   ckpt = Checkpointer(str(tmp_path), learner.checkpoint_state(), interval_s=3600)
   assert ckpt.maybe_save({'learner_steps': 1}) is None
   assert ckpt.save({'learner_steps': 1}) and ckpt.saves == 1
 
 
-@pytest.mark.parametrize('agent', ['vtrace_mlp', 'vtrace_lstm', 'r2d2'])
+@pytest.mark.parametrize('agent', ['vtrace_feedforward', 'vtrace_lstm', 'r2d2'])
 def test_exported_policy_matches_network(tmp_path, agent):
   if agent == 'r2d2':
     builder = r2d2.R2D2Builder(r2d2.R2D2Config(lstm_size=8, hidden_sizes=(8,)))
   else:
     builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(
-        network=agent.split('_')[1], lstm_size=8, hidden_sizes=(8,)))
+        core=agent.split('_')[1], lstm_size=8, hidden_sizes=(8,)))
   network = builder.policy_network(builder.make_networks(SPEC))
   path = export_policy(network, SPEC, str(tmp_path / 'saved_model'))
   loaded = tf.saved_model.load(path)

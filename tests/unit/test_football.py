@@ -135,7 +135,7 @@ def test_football_torso_takes_the_smm():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from seedacme.agents.vtrace.networks import make_network  # pylint: disable=g-import-not-at-top
-  net = make_network('mlp', 19, (64,), 64, torso='football')
+  net = make_network('feedforward', 19, (64,), 64, torso='football')
   obs = np.zeros((2, 72, 96, 16), np.uint8)
   (logits, value), _ = net(tf.constant(obs), ())
   assert logits.shape == (2, 19) and value.shape == (2,)

@@ -1,5 +1,6 @@
 """InferenceServer: server-side state per env, run-id resets, unrolls, per-caller errors."""
 
+import contextlib
 import threading
 import time
 
@@ -45,30 +46,39 @@ def _request(env_ids, run_id, step_type, greedy=False, reward=0.0, obs=0.0):
                       np.full(k, reward), np.ones(k), np.full(k, step_type), greedy)
 
 
-def _server(num_envs=4, sink=None, **kwargs):
+@contextlib.contextmanager
+def _serving(num_envs=4, sink=None, policy=None, **kwargs):
+  """An InferenceServer (over a `StepCountingPolicy` unless `policy`), closed after."""
   kwargs.setdefault('max_batch_envs', 2)
   kwargs.setdefault('batch_timeout_s', 0.001)
-  return InferenceServer(StepCountingPolicy(num_envs), SPEC, num_envs, sink, **kwargs)
+  server = InferenceServer(policy or StepCountingPolicy(num_envs), SPEC, num_envs, sink,
+                           **kwargs)
+  try:
+    yield server
+  finally:
+    server.close()
+
+
+def _assembler(length, period):
+  """A SequenceAssembler over 4 envs, and the list its sequences go to."""
+  out = []
+  return SequenceAssembler(num_envs=4, length=length, period=period,
+                           on_sequences=out.append), out
 
 
 def test_state_is_kept_per_env_and_reset_on_first():
-  server = _server()
-  try:
+  with _serving() as server:
     actions = [server.step(_request([0, 1], 7, st))['action'].tolist()
                for st in (0, 1, 1)]
     assert actions == [[0, 0], [1, 1], [2, 2]]
     # Env 1 starts a new episode: only its state resets.
     r = make_request([0, 1], [7, 7], np.zeros((2, 2), np.float32), [0, 0], [1, 1], [1, 0])
     assert server.step(r)['action'].tolist() == [3, 0]
-  finally:
-    server.close()
 
 
 def test_changed_run_id_resets_state_and_drops_partial_unroll():
-  out = []
-  sink = SequenceAssembler(num_envs=4, length=3, period=2, on_sequences=out.append)
-  server = _server(sink=sink)
-  try:
+  sink, out = _assembler(length=3, period=2)
+  with _serving(sink=sink) as server:
     server.step(_request([0, 1], 7, 0))
     server.step(_request([0, 1], 7, 1))
     # Actor restarts (new run id) mid-episode and, unusually, sends MID: the server
@@ -81,15 +91,11 @@ def test_changed_run_id_resets_state_and_drops_partial_unroll():
     server.step(_request([0, 1], 8, 1))
     assert len(out) == 1
     np.testing.assert_array_equal(out[0]['extras']['count'], [[0, 1, 2], [0, 1, 2]])
-  finally:
-    server.close()
 
 
 def test_episode_returns_and_greedy_envs_are_kept_apart():
-  out = []
-  sink = SequenceAssembler(num_envs=4, length=2, period=1, on_sequences=out.append)
-  server = _server(sink=sink)
-  try:
+  sink, out = _assembler(length=2, period=1)
+  with _serving(sink=sink) as server:
     for st, reward in ((0, 0.0), (1, 1.0), (2, 2.0)):
       server.step(_request([0], 1, st, reward=reward))
       server.step(_request([3], 2, st, greedy=True, reward=10 * reward))
@@ -99,13 +105,10 @@ def test_episode_returns_and_greedy_envs_are_kept_apart():
     # Greedy (evaluation) envs never reach the trajectories.
     assert all((o['observation'] == 0).all() for o in out)
     assert sum(len(o['action']) for o in out) == 2
-  finally:
-    server.close()
 
 
 def test_bad_request_fails_only_its_caller_while_batch_is_served():
   """Requests join one held-open batch in a fixed order, so the clash is certain."""
-  server = _server(num_envs=8, max_batch_envs=6, batch_timeout_s=10.0)
   results, errors = {}, {}
   requests = {
       'good_a': _request([0, 1], 1, 0),
@@ -122,7 +125,7 @@ def test_bad_request_fails_only_its_caller_while_batch_is_served():
       errors[name] = str(e)
 
   threads = []
-  try:
+  with _serving(num_envs=8, max_batch_envs=6, batch_timeout_s=10.0) as server:
     for name, waiting in (('good_a', 2), ('bad_shape', 2), ('clash', 4), ('good_b', 0)):
       threads.append(threading.Thread(target=call, args=(name,)))
       threads[-1].start()
@@ -134,8 +137,6 @@ def test_bad_request_fails_only_its_caller_while_batch_is_served():
       assert server.pending_envs() == waiting, name
     for t in threads:
       t.join(10)
-  finally:
-    server.close()
   assert set(results) == {'good_a', 'good_b'} and set(errors) == {'bad_shape', 'clash'}
   assert 'observation has shape (2, 3)' in errors['bad_shape']
   assert 'env_ids [0] already have a step in flight' in errors['clash']
@@ -145,24 +146,20 @@ def test_bad_request_fails_only_its_caller_while_batch_is_served():
 
 def test_batch_fill_counts_every_env_and_never_exceeds_one():
   # 4 training envs and 2 evaluation envs in one batch: 6 of 6, not 6 of 4.
-  server = _server(num_envs=6, max_batch_envs=6, batch_timeout_s=10.0)
-  threads = [threading.Thread(target=server.step, args=(_request(ids, 1, 0, greedy=g),))
-             for ids, g in (([0, 1], False), ([2, 3], False), ([4, 5], True))]
-  try:
+  with _serving(num_envs=6, max_batch_envs=6, batch_timeout_s=10.0) as server:
+    threads = [threading.Thread(target=server.step, args=(_request(ids, 1, 0, greedy=g),))
+               for ids, g in (([0, 1], False), ([2, 3], False), ([4, 5], True))]
     for t in threads:
       t.start()
     for t in threads:
       t.join(10)
     stats = server.batch_stats()
-  finally:
-    server.close()
   assert stats.batches == 1 and stats.units == 6
   assert stats.mean_batch_units / server.batch_capacity == 1.0
 
 
 def test_policy_runs_once_per_batch_across_callers():
   policy = StepCountingPolicy()
-  server = InferenceServer(policy, SPEC, 8, None, max_batch_envs=8, batch_timeout_s=5.0)
   barrier = threading.Barrier(4)
 
   def call(i):
@@ -170,13 +167,11 @@ def test_policy_runs_once_per_batch_across_callers():
     server.step(_request([2 * i, 2 * i + 1], i, 0))
 
   threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-  try:
+  with _serving(8, policy=policy, max_batch_envs=8, batch_timeout_s=5.0) as server:
     for t in threads:
       t.start()
     for t in threads:
       t.join(10)
-  finally:
-    server.close()
   assert policy.batch_sizes == [8]  # four actors, one forward pass
 
 
@@ -184,11 +179,10 @@ def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
   import tensorflow as tf  # noqa: F401  (real network, real variables)
   from seedacme.agents import vtrace
 
-  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network='lstm', lstm_size=8))
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core='lstm', lstm_size=8))
   network = builder.make_networks(SPEC)
   policy = builder.make_policy(network, SPEC, num_train_envs=4, num_envs=4)
-  server = InferenceServer(policy, SPEC, 4, None, max_batch_envs=2, batch_timeout_s=0.001)
-  try:
+  with _serving(policy=policy) as server:
     server.step(_request([0, 1], 1, 0, obs=1.0))
     state_after_one = server.state_of([0, 1, 2, 3])
     assert state_after_one[0].shape == (4, 8)
@@ -196,15 +190,10 @@ def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
     assert np.abs(state_after_one[0][2:]).sum() == 0  # envs 2, 3 untouched
     server.step(_request([0], 1, 0, obs=1.0))  # env 0 restarts its episode
     np.testing.assert_allclose(server.state_of([0])[0][0], state_after_one[0][0], rtol=1e-5)
-  finally:
-    server.close()
 
 
 def test_unknown_env_id_error_names_it():
-  server = _server()
-  try:
+  with _serving() as server:
     with pytest.raises(InvalidRequestError, match=r'env_ids \[4\] are unknown'):
       server.step(_request([4], 1, 0))
     assert server.step(_request([0], 1, 0))['action'].tolist() == [0]  # still serving
-  finally:
-    server.close()

@@ -41,7 +41,7 @@ class _Actor(threading.Thread):
         reply = self.central.step(make_request(
             self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
             ts.discount, ts.step_type))
-        ts, _ = self.envs.step(reply['action'])
+        ts = self.envs.step(reply['action'])
         self.steps += 1
     except Exception as e:  # noqa: BLE001
       if not self.stop.is_set():
@@ -83,9 +83,9 @@ def _table_size(client, table):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize('network', ['mlp', 'lstm'])
-def test_unrolls_flow_from_inference_to_learner(make_central, network):
-  cfg = vtrace.VTraceConfig(network=network, unroll_length=5, batch_size=4,
+@pytest.mark.parametrize('core', ['feedforward', 'lstm'])
+def test_unrolls_flow_from_inference_to_learner(make_central, core):
+  cfg = vtrace.VTraceConfig(core=core, unroll_length=5, batch_size=4,
                             hidden_sizes=(16,), lstm_size=8, queue_size=64)
   central, client, actors, table = make_central(cfg, num_actors=1, envs_per_actor=4)
   for a in actors:
@@ -97,12 +97,11 @@ def test_unrolls_flow_from_inference_to_learner(make_central, network):
   sample = next(client.sample(table, emit_timesteps=False, unpack_as_table_signature=True)).data
   assert sample['observation'].shape == (6, 10, 5)  # T + 1 steps
   assert sample['logits'].shape == (6, 3)
-  if network == 'lstm':
+  if core == 'lstm':
     assert [x.shape for x in sample['initial_state']] == [(8,), (8,)]
   else:
     assert 'initial_state' not in sample
-  central.learner.warm_up()
-  assert central.learner._train.experimental_get_tracing_count() > 0  # before any batch
+  assert central.learner.warm_up()  # the step is traced before any batch
   metrics = central.learner.step()
   assert metrics is not None and np.isfinite(metrics['loss'])
   assert 0.0 < metrics['mean_rho'] < 10.0
@@ -176,8 +175,7 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
   size = _table_size(client, table)
   before = _sampled_priorities(client, table, 4 * size)
   assert len(set(before.values())) > 1  # initial priorities are TD estimates, not constants
-  central.learner.warm_up()
-  assert central.learner._train.experimental_get_tracing_count() > 0  # before any batch
+  assert central.learner.warm_up()  # the step is traced before any batch
   for _ in range(5):
     assert central.learner.step() is not None
   assert central.learner.priority_updates == 5 * 16

@@ -39,17 +39,8 @@ class _Server:
     self._log.close()
 
 
-def _wait(predicate, timeout_s):
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    time.sleep(0.1)
-  return False
-
-
 @pytest.mark.timeout(120)
-def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path):
+def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path, wait_until):
   import reverb  # pylint: disable=g-import-not-at-top
   from seedacme.datasets import ReverbBatches  # pylint: disable=g-import-not-at-top
   from seedacme.trajectories import ReverbSequenceWriter  # pylint: disable=g-import-not-at-top
@@ -69,7 +60,7 @@ def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path):
     batches = ReverbBatches(f'localhost:{port}', 'q', 4, timeout_ms=500)
     writer.write(np.ones((12, 3), np.float32))
     assert writer.wait_until_written(10)
-    assert _wait(lambda: size() == 12, 5)
+    assert wait_until(lambda: size() == 12, 5, 0.1)
     time.sleep(1.5)  # a checkpoint holding those 12
     server.kill()
 
@@ -80,13 +71,13 @@ def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path):
     assert time.monotonic() - started < 10
     writer.write(np.full((4, 3), 2.0, np.float32))
     server = _Server(port, checkpoint_dir, log)
-    assert _wait(lambda: writer.reconnects == 1 and writer.items_written == 16, 60), \
+    assert wait_until(lambda: writer.reconnects == 1 and writer.items_written == 16, 60, 0.1), \
         (writer.reconnects, writer.items_written, writer.items_rewritten, open(log).read()[-2000:])
     assert writer.error is None
     # The 12 restored from the checkpoint plus the 4 written after the restart.
-    assert _wait(lambda: size() == 16, 10), size()
+    assert wait_until(lambda: size() == 16, 10, 0.1), size()
     assert 'restored the latest checkpoint' in open(log).read()
-    assert _wait(lambda: batches.next() is not None, 30)  # sampling again
+    assert wait_until(lambda: batches.next() is not None, 30, 0.1)  # sampling again
     # Only the newest checkpoint is kept.
     assert len(os.listdir(checkpoint_dir)) <= 2
   finally:

@@ -33,36 +33,27 @@ def _targets():
   return record_and_wait, fail_at_once
 
 
-def _wait_for(predicate, timeout_s=30.0):
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    time.sleep(0.05)
-  return False
-
-
 def _started(directory):
   return sorted(int(p) for p in os.listdir(directory))
 
 
 @pytest.mark.timeout(90)
-def test_a_waiting_standby_takes_over_from_a_killed_child(tmp_path):
+def test_a_waiting_standby_takes_over_from_a_killed_child(tmp_path, wait_until):
   stop = threading.Event()
   sup = Supervisor(_targets()[0], {'directory': str(tmp_path)}, 'test', stop_event=stop,
                    standby_imports=('json',), crash_loop_s=0.5)
   thread = threading.Thread(target=sup.run)
   thread.start()
   try:
-    assert _wait_for(lambda: len(_started(tmp_path)) == 1 and sup.standby is not None)
+    assert wait_until(lambda: len(_started(tmp_path)) == 1 and sup.standby is not None)
     first, standby = sup.child, sup.standby
     assert _started(tmp_path) == [first.pid]  # the standby has not run the target
     time.sleep(1.0)  # past crash_loop_s
     os.kill(first.pid, signal.SIGKILL)
-    assert _wait_for(lambda: len(_started(tmp_path)) == 2)
+    assert wait_until(lambda: len(_started(tmp_path)) == 2)
     assert sorted(_started(tmp_path)) == sorted([first.pid, standby.pid])
     assert sup.child.pid == standby.pid
-    assert _wait_for(lambda: sup.standby is not None and sup.standby.pid != standby.pid)
+    assert wait_until(lambda: sup.standby is not None and sup.standby.pid != standby.pid)
     pids = [sup.child.pid, sup.standby.pid]
   finally:
     stop.set()
@@ -73,14 +64,14 @@ def test_a_waiting_standby_takes_over_from_a_killed_child(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_a_crash_loop_backs_off_instead_of_using_the_standby(tmp_path):
+def test_a_crash_loop_backs_off_instead_of_using_the_standby(tmp_path, wait_until):
   stop = threading.Event()
   sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test', stop_event=stop,
                    standby_imports=('json',), restart_backoff_s=0.5, crash_loop_s=30.0)
   thread = threading.Thread(target=sup.run)
   thread.start()
   try:
-    assert _wait_for(lambda: len(_started(tmp_path)) >= 3)
+    assert wait_until(lambda: len(_started(tmp_path)) >= 3)
   finally:
     stop.set()
     thread.join(30)

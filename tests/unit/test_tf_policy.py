@@ -19,8 +19,8 @@ SPEC = EnvSpec(observation_shape=(3,), observation_dtype='float32', num_actions=
 NUM_ENVS = 10
 
 
-def _vtrace_policy(network='lstm', num_envs=NUM_ENVS, seed=0):
-  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(network=network, lstm_size=8,
+def _vtrace_policy(core='lstm', num_envs=NUM_ENVS, seed=0):
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core=core, lstm_size=8,
                                                      hidden_sizes=(16,), seed=seed))
   net = builder.make_networks(SPEC)
   return net, builder.make_policy(net, SPEC, num_train_envs=num_envs, num_envs=num_envs)
@@ -128,7 +128,7 @@ def test_r2d2_q_values_greedy_actions_and_state_equal_the_network():
 
 def test_sampled_actions_follow_the_logits():
   """Chi-square goodness of fit of 16,000 sampled actions against softmax(logits)."""
-  net, policy = _vtrace_policy(network='mlp', num_envs=64, seed=5)
+  net, policy = _vtrace_policy(core='feedforward', num_envs=64, seed=5)
   head = [v for v in net.variables if '/policy/' in v.name]
   for v in head:  # logits = bias: a fixed, clearly non-uniform distribution
     v.assign(tf.zeros_like(v) if v.shape.rank == 2 else tf.constant([1.0, 0.0, -1.0, 0.5]))

@@ -74,7 +74,7 @@ def test_learner_step_with_every_option_moves_every_layer(optimizer, jit_compile
   config = VTraceConfig(optimizer=optimizer, jit_compile=jit_compile, batch_size=4,
                         unroll_length=5, hidden_sizes=(8,), learning_rate=1e-2)
   tf.random.set_seed(0)
-  network = make_network('mlp', 3, config.hidden_sizes, config.lstm_size, 'mlp')
+  network = make_network('feedforward', 3, config.hidden_sizes, config.lstm_size, 'mlp')
   batch = _random_batch()
   network(batch['observation'][:, 0], ())
   before = [v.numpy().copy() for v in network.trainable_variables]
@@ -96,7 +96,7 @@ def test_atari_settings_drive_the_value_loss_down_on_real_pong():
   picked = (rewarded[:4] + [u for u in unrolls if not (u['reward'] != 0).any()])[:8]
   batch = {k: tf.constant(np.stack([u[k] for u in picked])) for k in picked[0]}
   tf.random.set_seed(0)
-  network = make_network(config.network, 6, config.hidden_sizes, config.lstm_size,
+  network = make_network(config.core, 6, config.hidden_sizes, config.lstm_size,
                          config.torso)
   learner = VTraceLearner(network, config, None)
   losses = [learner.train_on(batch)['baseline_loss'] for _ in range(200)]
