@@ -40,6 +40,7 @@ import harness
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from seedacme.accounting import EpisodeTracker  # noqa: E402
 from seedacme.curves import read_progress, write_curves  # noqa: E402
 from seedacme.envs.atari_vector import AtariVectorEnv  # noqa: E402
 
@@ -59,11 +60,12 @@ def random_baseline(game: str, episodes: int, num_envs: int = 16,
   rng = np.random.RandomState(seed)
   returns: List[float] = []
   start = time.monotonic()
+  tracker, ids = EpisodeTracker(num_envs), np.arange(num_envs)
   try:
     env.reset()
     while len(returns) < episodes:
-      _, finished = env.step(rng.randint(env.spec.num_actions, size=num_envs))
-      returns.extend(finished.returns)
+      ts = env.step(rng.randint(env.spec.num_actions, size=num_envs))
+      returns.extend(tracker.observe(ids, ts.step_type, ts.reward).returns)
   finally:
     env.close()
   returns = returns[:episodes]
