@@ -35,11 +35,17 @@ class Stamped:
   def __init__(self, run: Run):
     self._run = run
     self.records = []
+    self._seen = set()
 
   def poll(self):
-    new = self._run.progress()[len(self.records):]
+    # By content, not by count: a restarted central node rewrites progress.jsonl back
+    # to its checkpoint, so the file can get shorter.
     now = time.time()
-    self.records.extend(dict(r, wall=now) for r in new)
+    for r in self._run.progress():
+      key = (r.get('elapsed_s'), r.get('env_steps'), r.get('learner_steps'))
+      if key not in self._seen:
+        self._seen.add(key)
+        self.records.append(dict(r, wall=now))
 
   def learner_back_after(self, killed: float) -> float | None:
     """Seconds from the kill until the learner has made 2 steps beyond where it stood
@@ -70,7 +76,8 @@ def main() -> int:
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir = tempfile.mkdtemp(prefix='fault_table_')
-  total = args.warmup_s + args.window_s * len(NODES) + 40
+  # The windows start at the first progress record; the budget counts from launch.
+  total = args.warmup_s + args.window_s * len(NODES) + 120
   run = Run(['catch', 'vtrace', '2', '8', '--max_seconds', str(total), '--progress_interval_s',
              '0.5', '--checkpoint_interval_s', '10']
             + (['--standby_restarts'] if args.standby_restarts else []), workdir)

@@ -286,6 +286,7 @@ def _child_main() -> None:
   for module in standby_imports:
     importlib.import_module(module)
   if stdin.read(1) != _RUN:  # a standby waits here; EOF: the supervisor is stopping
+    atexit._run_exitfuncs()  # pylint: disable=protected-access  (TF's temp files)
     os._exit(0)
   stop = threading.Event()
 
