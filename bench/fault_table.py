@@ -117,6 +117,10 @@ def main() -> int:
         if rate is not None and before and rate >= 0.9 * before:
           back = now - 2.5 - killed  # the start of the first 2.5-s window back at 90 %
           break
+      # Acting can be back before learning is (the queue takes the unrolls meanwhile).
+      while (stamped.learner_back_after(killed) is None
+             and time.time() < killed + args.window_s / 2 + 5):
+        wait_until(time.time() + 0.5)
       rows.append({'node': node, 'killed_at_s': round(killed - start, 1),
                    'learner_back_after_s': stamped.learner_back_after(killed),
                    'throughput_before': round(before or 0), 'back_after_s':
