@@ -115,7 +115,12 @@ def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, monkeypatc
   from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
   from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
   from seedacme.launchers.program_flags import make_program_inputs  # pylint: disable=g-import-not-at-top
-  tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')  # Launchpad: no '_' in it
+  # Launchpad draws temp dirs until a path has no '_': the parent must have none either
+  # (mkdtemp's random suffix has one about 1 time in 5; then Launchpad loops forever).
+  tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
+  while '_' in tmp:
+    os.rmdir(tmp)
+    tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
   monkeypatch.setattr(tempfile, 'tempdir', tmp)
   try:
     args = vertex.parse_args(['catch', 'vtrace', '2', '4', '--accelerator', 'V100'])
