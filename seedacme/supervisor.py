@@ -87,11 +87,16 @@ class Supervisor:
                  'standby' if standby else 'child', child.pid)
     return child
 
+  def _standby_takes_over(self, died_after_s: float | None) -> bool:
+    """Whether the next child is the standby: a live one, and no crash loop."""
+    return (self.standby is not None and self.standby.poll() is None
+            and (died_after_s is None or died_after_s > self._crash_loop_s))
+
   def _next_child(self, died_after_s: float | None) -> subprocess.Popen:
-    """The standby, told to run, when there is a live one and this is no crash loop."""
+    """The standby, told to run, when it takes over; a new child otherwise."""
+    takes_over = self._standby_takes_over(died_after_s)
     standby, self.standby = self.standby, None
-    if standby is not None and standby.poll() is None and (
-        died_after_s is None or died_after_s > self._crash_loop_s):
+    if takes_over:
       try:
         standby.stdin.write(_RUN)
         standby.stdin.close()
@@ -156,8 +161,7 @@ class Supervisor:
         if time.monotonic() - started > 60:
           backoff = self._backoff  # it ran a while: not a crash loop
         self.restarts += 1
-        now = (self.standby is not None and self.standby.poll() is None
-               and died_after_s > self._crash_loop_s)
+        now = self._standby_takes_over(died_after_s)
         logging.warning('%s: child %d died (exit code %d); restart #%d %s', self._name,
                         self.child.pid, code, self.restarts,
                         'now (standby)' if now else f'in {backoff:.1f}s')
@@ -198,14 +202,12 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
   the supervisor forwards it as bytes, so only this process imports TensorFlow: it
   loads the pip-installed CUDA libraries first, if any (`seedacme.cuda_libs`).
   """
-  from seedacme import cuda_libs  # pylint: disable=g-import-not-at-top
-  cuda_libs.preload()  # before anything imports TensorFlow (Reverb does)
-  from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
-  import reverb  # pylint: disable=g-import-not-at-top
-  from seedacme.central import CentralNode  # pylint: disable=g-import-not-at-top
-  node = CentralNode(stop_event=stop_event, replay=reverb.Client(replay_address),
-                     **cloudpickle.loads(payload), **handles)
-  server = courier_utils.make_courier_server(node, port=port, **courier_kwargs)
+  # CUDA libraries first, then TF, Reverb and the node: the order a standby also uses.
+  from seedacme import central_imports as imports  # pylint: disable=g-import-not-at-top
+  node = imports.central.CentralNode(
+      stop_event=stop_event, replay=imports.reverb.Client(replay_address),
+      **cloudpickle.loads(payload), **handles)
+  server = imports.courier_utils.make_courier_server(node, port=port, **courier_kwargs)
   server.Start()
   try:
     node.run()
