@@ -86,20 +86,17 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
   last = records[-1] if records else {}
   # A resumed run (same logdir) appends records whose clock starts again at 0: the
   # run's duration is the sum of its segments' last clocks.
-  segments = [r['elapsed_s'] for r, nxt in zip(records, records[1:] + [None])
-              if nxt is None or nxt['elapsed_s'] < r['elapsed_s']]
+  # Each record's run time: its segment's clock plus the segments that ended before.
+  segments, run_s = [], []
+  for r, nxt in zip(records, records[1:] + [None]):
+    run_s.append(sum(segments) + r['elapsed_s'])
+    if nxt is None or nxt['elapsed_s'] < r['elapsed_s']:
+      segments.append(r['elapsed_s'])
   elapsed = (sum(segments) if len(segments) > 1
              else summary.get('elapsed_s', last.get('elapsed_s'))) or 0.0
   env_steps = summary.get('env_steps', last.get('env_steps')) or 0
   trained = [r for r in records if r.get('average_return') is not None]
   best = max(trained, key=lambda r: r['average_return']) if trained else None
-  # Run time of each record across resumed segments (each segment's clock restarts).
-  offset, run_s, prev = 0.0, [], None
-  for r in records:
-    if prev is not None and r['elapsed_s'] < prev:
-      offset += prev
-    prev = r['elapsed_s']
-    run_s.append(offset + r['elapsed_s'])
   milestones = {}
   for threshold in MILESTONES:
     hit = next(((r, t) for r, t in zip(records, run_s)
