@@ -16,9 +16,16 @@ thread through a bounded queue: when the table's rate limiter blocks (the learne
 behind), the queue fills and `write` blocks the inference thread, so actors wait
 instead of memory growing. When the Reverb server goes away (the replay node crashed
 and its supervisor restarts it), the writer logs it once, waits for the server to
-answer again, logs that once, and goes on with a new stream, writing again the items
-whose flush it had not seen confirmed (`items_rewritten`); nothing handed to it is
-lost. Only an error while the server answers is fatal.
+answer again, and logs that once. Reverb's own trajectory writer then sends its
+unconfirmed items again on a new stream by itself (`TrajectoryWriter`'s stream worker
+requeues them on UNAVAILABLE); ours waits for that flush with the same stall rule, and
+only if the old stream never delivers does it close it, without a flush, and write those
+items again on a new one (`items_rewritten`). Rewriting whenever the server had gone
+(what this did first) put the 4 items written during an outage into the table twice in
+2 of 5 runs of `tests/unit/test_replay_restart.py`: the closing flush or Reverb's own
+resend had already delivered them. Nothing handed to the writer is lost, and nothing is
+written twice unless the old stream delivers after seconds of silence. Only an error
+while the server answers is fatal.
 """
 
 import queue
@@ -108,6 +115,14 @@ def _is_connection_error(error: BaseException) -> bool:
                                        'Cancelled', 'failed to connect'))
 
 
+# How long a stream gets, once the server answers again, to deliver by Reverb's resend.
+_RESEND_GRACE_S = 5.0
+
+
+class _StreamLost(ConnectionError):
+  """The old stream did not deliver after the server came back (already logged)."""
+
+
 class WriterClosedError(ShutdownError):
   """The writer was closed while a caller waited to hand it sequences."""
 
@@ -186,7 +201,8 @@ class ReverbSequenceWriter:
           logging.exception('Reverb writer for table %r failed', self._table)
           self.error = e
           return
-        self._wait_for_server(e)
+        if not isinstance(e, _StreamLost):  # not yet reported (e.g. opening a stream)
+          self._wait_for_server(e)
 
   def _write_until_failure(self) -> None:
     # No `with`: the context manager's exit flushes without a timeout, which would hang
@@ -195,10 +211,14 @@ class ReverbSequenceWriter:
       writer = self._client.trajectory_writer(num_keep_alive_refs=1)
     except Exception as e:  # pylint: disable=broad-except
       raise ConnectionError(f'could not open a stream: {e}') from e
+    abandoned = False
     try:
       while not self._closed.is_set():
         if self._in_flight:
-          items = self._in_flight  # unconfirmed when the last stream was lost: again
+          items = self._in_flight  # the last stream never delivered them: again
+          self.items_rewritten += len(items)
+          logging.info('Reverb writer for table %r: writing %d undelivered items again on '
+                       'a new stream', self._table, len(items))
         else:
           try:
             items = [self._queue.get(timeout=0.1)]
@@ -214,18 +234,47 @@ class ReverbSequenceWriter:
           writer.append(item)
           writer.create_item(self._table, float(priority),
                              tree.map_structure(lambda col: col[-1], writer.history))
-        self._flush(writer)
+        try:
+          self._deliver(writer)
+        except _StreamLost:
+          abandoned = True
+          raise
+        if self._closed.is_set():
+          return  # unconfirmed; the best-effort flush below may still deliver them
         self.items_written += len(items)
         self._in_flight = []
     finally:
-      try:
-        writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
-      except Exception:  # pylint: disable=broad-except
-        pass
+      # A stream we give up on is closed without a flush: whatever it delivers later
+      # would be in the table twice, since its items are written again.
+      if not abandoned:
+        try:
+          writer.flush(timeout_ms=1000)  # Best effort for what is already in flight.
+        except Exception:  # pylint: disable=broad-except
+          pass
       try:
         writer.close()
       except Exception:  # pylint: disable=broad-except
         pass
+
+  def _deliver(self, writer) -> None:
+    """Flushes; if the stream was lost, waits for the server and for Reverb's own resend.
+
+    Raises `_StreamLost` when the old stream does not deliver once the server is back:
+    the caller then closes it and writes the items again.
+    """
+    try:
+      self._flush(writer, self._stall_check_s)
+      return
+    except ConnectionError as e:
+      self._wait_for_server(e)
+    if self._closed.is_set():
+      return
+    # Reverb's writer resends on a new stream after a backoff of at most 1 s, once its
+    # channel reconnects (which our `server_info` just did): a few seconds suffice.
+    try:
+      self._flush(writer, max(self._stall_check_s, _RESEND_GRACE_S))
+    except ConnectionError as e:
+      raise _StreamLost(f'the old stream did not deliver after the server came back: {e}') from e
 
   def _server_reachable(self, timeout_s: int = 2) -> bool:
     try:
@@ -237,16 +286,13 @@ class ReverbSequenceWriter:
   def _wait_for_server(self, error: BaseException) -> None:
     """The replay server is gone (crashed, restarting): one line now, one when it is back.
 
-    The items whose flush was not confirmed are written again on the new stream (a
-    few may then be in the table twice); the queue keeps what inference hands over
-    until it is full, then inference waits.
+    The queue keeps what inference hands over until it is full, then inference waits.
     """
     self.reconnects += 1
     logging.warning('Reverb server for table %r unreachable (%s: %s); %d unconfirmed '
-                    'items will be written again; reconnecting', self._table,
+                    'items kept; reconnecting', self._table,
                     type(error).__name__, str(error).splitlines()[0][:200] if str(error) else '',
                     len(self._in_flight))
-    self.items_rewritten += len(self._in_flight)
     started = time.monotonic()
     while not self._closed.is_set() and not self._server_reachable():
       self._closed.wait(0.5)
@@ -254,7 +300,7 @@ class ReverbSequenceWriter:
       logging.info('Reverb server for table %r reachable again after %.1fs', self._table,
                    time.monotonic() - started)
 
-  def _flush(self, writer) -> None:
+  def _flush(self, writer, stall_check_s: float) -> None:
     from reverb import errors as reverb_errors  # pylint: disable=g-import-not-at-top
     stalled_since = time.monotonic()
     while not self._closed.is_set():
@@ -265,7 +311,7 @@ class ReverbSequenceWriter:
         # The table is full (its rate limiter holds us back) -- or our stream died
         # with the server, which a flush shows only as a timeout, also after a new
         # server took the port. Every few seconds, look which one it is.
-        if time.monotonic() - stalled_since > self._stall_check_s:
+        if time.monotonic() - stalled_since > stall_check_s:
           if self._stream_lost():
             raise ConnectionError('no flush for %.0fs and the table would accept '
                                   'inserts (or the server does not answer): the stream '
