@@ -178,9 +178,13 @@ class ActingLog:
     return self._episodes[mode]
 
   def summary(self, mode: Mode) -> Dict[str, float]:
-    """Episodes so far and the average return and length of the recent ones."""
+    """Episodes so far and the average return and length of the recent ones.
+
+    `average_over` is how many episodes the averages cover: after a resume the total
+    `episodes` is restored but the recent returns start over.
+    """
     with self._lock:
       r, n = list(self._returns[mode]), list(self._lengths[mode])
-      return {'episodes': self._episodes[mode],
+      return {'episodes': self._episodes[mode], 'average_over': len(r),
               'average_return': float(np.mean(r)) if r else float('nan'),
               'average_length': float(np.mean(n)) if n else float('nan')}

@@ -122,8 +122,10 @@ class RunMonitor:
         'episodes': train['episodes'],
         'average_return': train['average_return'],
         'average_length': train['average_length'],
+        'average_over': train['average_over'],
         'eval_episodes': evaluation['episodes'],
         'eval_average_return': evaluation['average_return'],
+        'eval_average_over': evaluation['average_over'],
         'learner_steps': learner_steps,
         'learner_steps_per_s': (learner_steps - learn0) / dt,
         **self._replay_stats(),
@@ -152,7 +154,11 @@ class RunMonitor:
       mode = Mode.EVAL if c.target_on == 'eval' else Mode.TRAIN
       prefix = 'eval_' if mode is Mode.EVAL else ''
       value = record[f'{prefix}average_return']
-      if record[f'{prefix}episodes'] >= TARGET_EPISODES[mode] and value >= c.target_return:
+      # A full window of this run's own episodes: after a resume the episode count is
+      # restored but the average starts over (the first episodes to end after a
+      # restart are the shortest, in Pong the most one-sided: 3 of them averaged +20).
+      if (record[f'{prefix}average_over'] >= TARGET_EPISODES[mode]
+          and value >= c.target_return):
         kind = StopKind.EVAL_TARGET if mode is Mode.EVAL else StopKind.TARGET
         return StopReason(kind, value, c.target_return)
     return None

@@ -54,6 +54,18 @@ def test_target_needs_enough_episodes_and_says_by_how_much(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_after_a_resume_the_target_waits_for_a_full_window_of_new_episodes(tmp_path):
+  monitor, acting = _monitor(tmp_path, target_return=18.0)
+  acting.restore(env_steps=2_960_000, episodes=2206)
+  acting.add_episodes(Mode.TRAIN, _episodes([20.0] * 3))
+  record = monitor.record(0, {})
+  assert record['episodes'] == 2209 and record['average_over'] == 3
+  assert monitor.stop_reason(record, 0) is None
+  acting.add_episodes(Mode.TRAIN, _episodes([18.0] * 97))
+  assert monitor.report(0, {}) == StopReason(StopKind.TARGET, 18.06, 18.0)
+
+
+@pytest.mark.timeout(60)
 def test_eval_target_watches_the_evaluator_only(tmp_path):
   monitor, acting = _monitor(tmp_path, target_return=0.5, target_on='eval')
   acting.add_episodes(Mode.TRAIN, _episodes([1.0] * 200))
