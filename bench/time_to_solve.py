@@ -19,6 +19,8 @@ import sys
 
 from harness import ProgramRun, machine, print_table, write_json
 
+from seedacme.config import DEFAULT_EVAL_ENVS
+
 TARGETS = {'catch': 0.9, 'cartpole': 475.0}
 CAPS_S = {'catch': 150.0, 'cartpole': 360.0}
 GROUPS = ('actor', 'evaluator', 'learner', 'replay')
@@ -34,37 +36,45 @@ def main() -> int:
                       help='only the runs with this K')
   parser.add_argument('--runs', default=None,
                       help="instead of the default list, e.g. 'catch:vtrace:1:train,"
-                      "cartpole:r2d2:16:eval:central' (env:agent:K:target_on[:modes+])")
+                      "cartpole:r2d2:16:eval:central' (env:agent:K:target_on[:modes+"
+                      "[:eval_envs]]; eval_envs: the evaluator's envs, default the "
+                      "program's)")
   args = parser.parse_args()
   # (env, agent, envs per actor, what the target watches)
   runs = [('catch', 'vtrace', 16, 'eval')] if args.quick else [
       ('catch', 'vtrace', 16, 'eval'), ('catch', 'vtrace', 1, 'train'),
       ('catch', 'r2d2', 16, 'eval'), ('cartpole', 'vtrace', 16, 'eval'),
       ('cartpole', 'r2d2', 16, 'eval')]
+  runs = [run + (None,) for run in runs]
   modes = {}
   if args.runs:
     runs = []
     for spec in args.runs.split(','):
-      env, agent, k, target_on, *only = spec.split(':')
-      runs.append((env, agent, int(k), target_on))
-      if only:
-        modes[runs[-1]] = only[0].split('+')
+      env, agent, k, target_on, *rest = spec.split(':')
+      eval_envs = int(rest[1]) if len(rest) > 1 else None
+      runs.append((env, agent, int(k), target_on, eval_envs))
+      if rest and rest[0]:
+        modes[runs[-1]] = rest[0].split('+')
   rows = []
-  for env, agent, k, target_on in runs:
+  for env, agent, k, target_on, eval_envs in runs:
     if args.only and args.only not in (env, agent):
       continue
     if args.envs_per_actor and k != args.envs_per_actor:
       continue
     cap = 90.0 if args.quick else CAPS_S[env]
-    for mode in modes.get((env, agent, k, target_on), args.modes.split(',')):
+    for mode in modes.get((env, agent, k, target_on, eval_envs), args.modes.split(',')):
+      extra = [] if eval_envs is None else ['--num_eval_envs', str(eval_envs)]
       run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
                         '--target_return', str(TARGETS[env]), '--target_on', target_on,
-                        '--max_seconds', str(cap)], f'{env}_{agent}_{k}_{mode}')
+                        '--max_seconds', str(cap)] + extra, f'{env}_{agent}_{k}_{mode}')
       result = run.run(timeout_s=cap + 150)
       summary = result['summary']
       solved = (summary.get('stop') or {}).get('kind') in ('target', 'eval_target')
       row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
              'K': k, 'target_on': target_on,
+             'num_eval_envs': eval_envs if eval_envs is not None else min(DEFAULT_EVAL_ENVS, k),
+             'train_env_steps_per_s': (summary['env_steps'] / summary['elapsed_s']
+                                       if summary.get('elapsed_s') else None),
              'train_return': summary.get('average_return'),
              'solved': solved,
              'time_to_target_s': summary.get('elapsed_s') if solved else None,
@@ -84,8 +94,8 @@ def main() -> int:
             f"({summary.get('stopped_because')}); startup {run.first_learner_step_s}s; "
             f"logdir {run.logdir}", flush=True)
   print()
-  print_table(rows, ['env', 'agent', 'K', 'target_on', 'inference', 'time_to_target_s',
-                     'env_steps',
+  print_table(rows, ['env', 'agent', 'K', 'num_eval_envs', 'target_on', 'inference',
+                     'time_to_target_s', 'env_steps', 'train_env_steps_per_s',
                      'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
                      'replay_rss_mb', 'program_peak_rss_mb'])
   path = write_json('time_to_solve_quick.json' if args.quick else 'time_to_solve.json',
