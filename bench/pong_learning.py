@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seedacme.accounting import EpisodeTracker  # noqa: E402
-from seedacme.curves import read_progress, write_curves  # noqa: E402
+from seedacme.curves import full_windows, read_progress, write_curves  # noqa: E402
 from seedacme.envs.atari_vector import AtariVectorEnv  # noqa: E402
 
 FRAMES_PER_STEP = 4
@@ -95,13 +95,14 @@ def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:
   elapsed = (sum(segments) if len(segments) > 1
              else summary.get('elapsed_s', last.get('elapsed_s'))) or 0.0
   env_steps = summary.get('env_steps', last.get('env_steps')) or 0
-  trained = [r for r in records if r.get('average_return') is not None]
-  best = max(trained, key=lambda r: r['average_return']) if trained else None
+  # Only averages over a full window count (after a resume the average starts over).
+  full = full_windows(records)
+  trained = [(r, t) for r, t, ok in zip(records, run_s, full)
+             if ok and r.get('average_return') is not None]
+  best = max((r for r, _ in trained), key=lambda r: r['average_return']) if trained else None
   milestones = {}
   for threshold in MILESTONES:
-    hit = next(((r, t) for r, t in zip(records, run_s)
-                if r.get('average_return') is not None and r['average_return'] >= threshold),
-               None)
+    hit = next(((r, t) for r, t in trained if r['average_return'] >= threshold), None)
     milestones[f'{threshold:+g}'] = None if hit is None else {
         'env_steps': hit[0]['env_steps'], 'run_s': round(hit[1], 1)}
   return {

@@ -8,7 +8,7 @@ of a local run does not import TensorFlow.
 import csv
 import io
 import os
-from typing import Dict
+from typing import Any, Dict, List, Sequence
 
 from seedacme.logdir import open_file, read_progress
 
@@ -17,8 +17,33 @@ COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',
            'eval_average_return', 'env_steps_per_s', 'learner_steps_per_s')
 
 
+def full_windows(records: Sequence[Dict[str, Any]], window: int = 100) -> List[bool]:
+  """Per record: whether its training average covers the full window of `window`
+  episodes (or every episode so far, early in a fresh run).
+
+  A resumed run restores its episode count but its average starts over, and the first
+  episodes to end after a restart are the shortest (in Pong the most one-sided: 3 of
+  them averaged +20 where the run stood at +7). Records carry `average_over` since the
+  monitor reports it; for older ones the episodes since their segment's start (the
+  clock starts again at 0 on resume) stand in for it.
+  """
+  out, base, previous = [], 0, None
+  for r in records:
+    if previous is not None and r['elapsed_s'] < previous['elapsed_s']:
+      base = previous.get('episodes') or 0  # a resumed segment starts here
+    episodes = r.get('episodes') or 0
+    covered = r.get('average_over', episodes - base)
+    out.append(covered >= min(window, episodes))
+    previous = r
+  return out
+
+
 def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
-  """Writes `curve.csv` and `curve.png` (return vs env steps); returns their paths."""
+  """Writes `curve.csv` and `curve.png` (return vs env steps); returns their paths.
+
+  The plot leaves out training averages over a partial window after a resume
+  (`full_windows`); the CSV keeps every record.
+  """
   records = read_progress(logdir)
   csv_path = os.path.join(logdir, 'curve.csv')
   with open_file(csv_path, 'w') as f:
@@ -31,9 +56,11 @@ def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4))
+  full = full_windows(records)
   for key, label in (('average_return', 'training (last 100 episodes)'),
                      ('eval_average_return', 'greedy evaluator (last 20)')):
-    points = [(r['env_steps'], r[key]) for r in records if r.get(key) is not None]
+    points = [(r['env_steps'], r[key]) for r, ok in zip(records, full)
+              if r.get(key) is not None and (ok or key != 'average_return')]
     if points:
       ax.plot(*zip(*points), label=label)
   ax.set_xlabel('env steps')

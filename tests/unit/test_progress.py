@@ -4,7 +4,7 @@ import glob
 import json
 import os
 
-from seedacme.curves import read_progress, write_curves
+from seedacme.curves import full_windows, read_progress, write_curves
 from seedacme.progress import ProgressWriter, format_line
 
 
@@ -26,6 +26,19 @@ def test_records_events_summary_and_curves(tmp_path):
   rows = open(paths['csv']).read().splitlines()
   assert rows[0].startswith('env_steps,') and len(rows) == 4
   assert os.path.getsize(paths['png']) > 1000
+
+
+def test_after_a_resume_only_full_windows_count():
+  # A fresh run: partial windows count (the average covers every episode so far).
+  fresh = [{'elapsed_s': 5.0, 'episodes': 3}, {'elapsed_s': 10.0, 'episodes': 150}]
+  assert full_windows(fresh) == [True, True]
+  # Resumed at 150 episodes (clock back to 0): 3 and 99 new episodes are partial
+  # windows, 100 a full one; a record's own `average_over` wins when present.
+  resumed = fresh + [{'elapsed_s': 4.0, 'episodes': 153}, {'elapsed_s': 9.0, 'episodes': 249},
+                     {'elapsed_s': 14.0, 'episodes': 250}]
+  assert full_windows(resumed) == [True, True, False, False, True]
+  assert full_windows([{'elapsed_s': 1.0, 'episodes': 2209, 'average_over': 3},
+                       {'elapsed_s': 2.0, 'episodes': 2400, 'average_over': 100}]) == [False, True]
 
 
 def test_format_line_handles_missing_fields():
