@@ -57,12 +57,20 @@ def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4))
   full = full_windows(records)
-  for key, label in (('average_return', 'training (last 100 episodes)'),
-                     ('eval_average_return', 'greedy evaluator (last 20)')):
-    points = [(r['env_steps'], r[key]) for r, ok in zip(records, full)
-              if r.get(key) is not None and (ok or key != 'average_return')]
-    if points:
-      ax.plot(*zip(*points), label=label)
+  points = [(r['env_steps'], r['average_return']) for r, ok in zip(records, full)
+            if ok and r.get('average_return') is not None]
+  if points:
+    ax.plot(*zip(*points), label='training (last 100 episodes)')
+  # The evaluator's average only where it changed: records repeat the last one while
+  # the evaluator idles between rounds (`eval_interval_s`), which drawn as a line
+  # looks like a measured plateau.
+  points, seen = [], None
+  for r in records:
+    if r.get('eval_average_return') is not None and r.get('eval_episodes') != seen:
+      points.append((r['env_steps'], r['eval_average_return']))
+    seen = r.get('eval_episodes')
+  if points:
+    ax.plot(*zip(*points), 'o', markersize=3, label='greedy evaluator (last 20)')
   ax.set_xlabel('env steps')
   ax.set_ylabel('average return')
   ax.set_title(title)
