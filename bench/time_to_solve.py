@@ -45,24 +45,23 @@ def main() -> int:
       ('catch', 'vtrace', 16, 'eval'), ('catch', 'vtrace', 1, 'train'),
       ('catch', 'r2d2', 16, 'eval'), ('cartpole', 'vtrace', 16, 'eval'),
       ('cartpole', 'r2d2', 16, 'eval')]
-  runs = [run + (None,) for run in runs]
-  modes = {}
+  # (env, agent, K, target_on, the evaluator's envs or None, modes)
+  runs = [run + (None, args.modes.split(',')) for run in runs]
   if args.runs:
     runs = []
     for spec in args.runs.split(','):
       env, agent, k, target_on, *rest = spec.split(':')
       eval_envs = int(rest[1]) if len(rest) > 1 else None
-      runs.append((env, agent, int(k), target_on, eval_envs))
-      if rest and rest[0]:
-        modes[runs[-1]] = rest[0].split('+')
+      modes = rest[0].split('+') if rest and rest[0] else args.modes.split(',')
+      runs.append((env, agent, int(k), target_on, eval_envs, modes))
   rows = []
-  for env, agent, k, target_on, eval_envs in runs:
+  for env, agent, k, target_on, eval_envs, modes in runs:
     if args.only and args.only not in (env, agent):
       continue
     if args.envs_per_actor and k != args.envs_per_actor:
       continue
     cap = 90.0 if args.quick else CAPS_S[env]
-    for mode in modes.get((env, agent, k, target_on, eval_envs), args.modes.split(',')):
+    for mode in modes:
       extra = [] if eval_envs is None else ['--num_eval_envs', str(eval_envs)]
       run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
                         '--target_return', str(TARGETS[env]), '--target_on', target_on,
