@@ -133,7 +133,7 @@ def main(argv: List[str] | None = None) -> int:
     os.remove(os.path.join(logdir, logdir_lib.SUMMARY))
 
   print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
-        f'{args.envs_per_actor} envs, evaluator {config.num_eval_envs} envs, '
+        f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs, '
         f'{args.inference} inference{" (acting only)" if args.acting_only else ""}; '
         f'logdir {logdir}', flush=True)
   program = program_lib.make_program(

@@ -38,9 +38,7 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('--target_on', choices=('train', 'eval'), default='train',
                       help='which return --target_return watches: training episodes '
                       '(last 100) or the greedy evaluator (last 20)')
-  parser.add_argument('--num_eval_envs', type=int, default=None,
-                      help='envs of the greedy evaluator (0: none; default: as many as '
-                      'one actor has, at most 4)')
+  parser.add_argument('--num_eval_envs', type=int, default=4)
   parser.add_argument('--eval_interval_s', type=float, default=0.0,
                       help='evaluate --eval_episodes greedy episodes this often (0: always)')
   parser.add_argument('--eval_episodes', type=int, default=20)

@@ -2,9 +2,6 @@
 
 import dataclasses
 
-# The evaluator's envs when not given: one actor's worth, at most this many.
-DEFAULT_EVAL_ENVS = 4
-
 
 @dataclasses.dataclass
 class ProgramConfig:
@@ -13,12 +10,7 @@ class ProgramConfig:
   Attributes:
     num_actors: env-only actor processes.
     envs_per_actor: K, envs each actor steps per inference call.
-    num_eval_envs: envs of the greedy evaluator node (0: no evaluator; None, the
-      default: as many as one actor has, at most 4). Central inference serves the
-      evaluator like one more actor, one request per batch, so its share of the
-      served env steps is its envs over all envs in a batch: a 4-env evaluator beside
-      2 actors x 1 env took 2/3 of them, and Catch 2 x 1 missed its 90 s (README,
-      "Benchmarks").
+    num_eval_envs: envs of the greedy evaluator node (0: no evaluator).
     eval_interval_s: the evaluator plays `eval_episodes` episodes every this many
       seconds and idles in between (0: it plays continuously).
     eval_episodes: episodes per evaluation round.
@@ -63,7 +55,7 @@ class ProgramConfig:
   """
   num_actors: int = 2
   envs_per_actor: int = 16
-  num_eval_envs: int | None = None
+  num_eval_envs: int = 4
   eval_interval_s: float = 0.0
   eval_episodes: int = 20
   inference_batch_envs: int | None = 1
@@ -85,10 +77,6 @@ class ProgramConfig:
   variable_update_period: int = 100
   train: bool = True
   accelerator: str | None = None
-
-  def __post_init__(self):
-    if self.num_eval_envs is None:
-      self.num_eval_envs = min(DEFAULT_EVAL_ENVS, self.envs_per_actor)
 
   @property
   def num_train_envs(self) -> int:

@@ -42,15 +42,3 @@ def test_a_bad_flag_is_named(extra, named):
   args = local.parse_args(['catch', 'vtrace', '2', *extra])
   with pytest.raises(program_flags.ProgramArgsError, match=named):
     program_flags.make_program_inputs(args, '/tmp/unused')
-
-
-@pytest.mark.parametrize('envs_per_actor, eval_envs', [('1', 1), ('3', 3), ('16', 4)])
-def test_the_evaluator_defaults_to_one_actors_envs_at_most_four(envs_per_actor, eval_envs):
-  # Central inference serves the evaluator like one more actor: at 2 x 1 a 4-env
-  # evaluator took 2/3 of the served env steps.
-  args = local.parse_args(['catch', 'vtrace', '2', envs_per_actor])
-  config = program_flags.make_program_inputs(args, '/tmp/unused')[3]
-  assert config.num_eval_envs == eval_envs
-  assert config.num_envs == 2 * int(envs_per_actor) + eval_envs
-  args = local.parse_args(['catch', 'vtrace', '2', envs_per_actor, '--num_eval_envs', '0'])
-  assert program_flags.make_program_inputs(args, '/tmp/unused')[3].num_eval_envs == 0
