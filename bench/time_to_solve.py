@@ -19,7 +19,7 @@ import sys
 
 from harness import ProgramRun, machine, print_table, write_json
 
-from seedacme.config import DEFAULT_EVAL_ENVS
+from seedacme.config import ProgramConfig
 
 TARGETS = {'catch': 0.9, 'cartpole': 475.0}
 CAPS_S = {'catch': 150.0, 'cartpole': 360.0}
@@ -71,7 +71,7 @@ def main() -> int:
       solved = (summary.get('stop') or {}).get('kind') in ('target', 'eval_target')
       row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
              'K': k, 'target_on': target_on,
-             'num_eval_envs': eval_envs if eval_envs is not None else min(DEFAULT_EVAL_ENVS, k),
+             'num_eval_envs': eval_envs if eval_envs is not None else ProgramConfig.num_eval_envs,
              'train_env_steps_per_s': (summary['env_steps'] / summary['elapsed_s']
                                        if summary.get('elapsed_s') else None),
              'train_return': summary.get('average_return'),
