@@ -19,8 +19,9 @@ graph: no tf.function signature matching, no argument re-checking.
 Measured (TF 2.8.4, 2-core EPYC, V-trace MLP 64-64, batch 32, one process, per call):
 the previous path (polymorphic tf.function, host state passed in and out as
 tf.constants) 575 us; a concrete function per bucket 466 us; this direct call of the
-compiled graph 300 us. A trivial one-op function costs ~180 us here: TF's
-function-runtime floor, which the remaining time sits on.
+compiled graph 300 us. A trivial compiled function costs ~100 us per call here on a
+quiet machine (`bench/tf_call_floor.py`): TF's function-runtime floor, which the
+remaining time sits on.
 """
 
 import abc
