@@ -21,11 +21,9 @@ import numpy as np
 
 from harness import machine, print_table, write_json
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 # seedacme first, as the central node imports it: its TF settings (oneDNN) apply.
-from seedacme.tf_policy import _direct_call  # noqa: E402  pylint: disable=g-import-not-at-top
-import tensorflow as tf  # noqa: E402  pylint: disable=g-import-not-at-top
+from seedacme.tf_policy import _direct_call  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 ROUNDS, CALLS = 5, 300
 

@@ -131,10 +131,16 @@ class CountsSteps:
     return self.acting.env_steps(Mode.EVAL)
 
 
+# Episodes the recent averages cover, per mode (the run monitor's targets and the
+# learning curves need the same windows).
+WINDOWS = {Mode.TRAIN: 100, Mode.EVAL: 20}
+
+
 class ActingLog:
   """Env steps and finished episodes per `Mode`; averages over the recent episodes."""
 
-  def __init__(self, window: int = 100, eval_window: int = 20):
+  def __init__(self, window: int = WINDOWS[Mode.TRAIN],
+               eval_window: int = WINDOWS[Mode.EVAL]):
     """Averages cover the last `window` training / `eval_window` evaluation episodes."""
     self._lock = threading.Lock()
     sizes = {Mode.TRAIN: window, Mode.EVAL: eval_window}

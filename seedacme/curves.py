@@ -10,6 +10,7 @@ import io
 import os
 from typing import Any, Dict, List, Sequence
 
+from seedacme.accounting import WINDOWS, Mode
 from seedacme.logdir import open_file, read_progress
 
 
@@ -17,7 +18,8 @@ COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',
            'eval_average_return', 'env_steps_per_s', 'learner_steps_per_s')
 
 
-def full_windows(records: Sequence[Dict[str, Any]], window: int = 100) -> List[bool]:
+def full_windows(records: Sequence[Dict[str, Any]],
+                 window: int = WINDOWS[Mode.TRAIN]) -> List[bool]:
   """Per record: whether its training average covers the full window of `window`
   episodes (or every episode so far, early in a fresh run).
 

@@ -15,7 +15,7 @@ import enum
 import time
 from typing import Any, Dict, Protocol
 
-from seedacme.accounting import ActingLog, Mode
+from seedacme.accounting import WINDOWS, ActingLog, Mode
 from seedacme.config import ProgramConfig
 from seedacme.progress import ProgressWriter
 
@@ -71,8 +71,9 @@ class ActingSource(Protocol):
   def trajectory_stats(self) -> Dict[str, float]: ...
 
 
-# Episodes the average must cover before a target counts, per watched mode.
-TARGET_EPISODES = {Mode.TRAIN: 100, Mode.EVAL: 20}
+# Episodes the average must cover before a target counts, per watched mode: a full
+# window of the acting log's averages.
+TARGET_EPISODES = WINDOWS
 
 
 class RunMonitor:
