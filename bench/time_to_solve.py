@@ -12,6 +12,9 @@ agent's defaults for that size), stopped on the training average (last 100 episo
 per run: seconds to the target on the program's clock, env steps used, startup (launch
 to the first learner step, wall clock, 1 s resolution), peak RSS per node type and of
 the whole program. Prints a table, writes bench/results/time_to_solve[_quick].json.
+
+Times to target vary a lot between seeds (R2D2 CartPole: 30-134 s over 6 seeds at the
+same settings), so compare settings with `--seeds` and medians, never one run.
 """
 
 import argparse
@@ -29,6 +32,8 @@ GROUPS = ('actor', 'evaluator', 'learner', 'replay')
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
+  parser.add_argument('--out', default=None, help='JSON name under bench/results '
+                      '(default time_to_solve[_quick].json)')
   parser.add_argument('--only', default=None, help='e.g. catch, cartpole, r2d2, vtrace')
   parser.add_argument('--modes', default='central,actor',
                       help='inference modes to run, comma-separated')
@@ -39,6 +44,12 @@ def main() -> int:
                       "cartpole:r2d2:16:eval:central' (env:agent:K:target_on[:modes+"
                       "[:eval_envs]]; eval_envs: the evaluator's envs, default the "
                       "program's)")
+  parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE',
+                      help="passed to every run's program (a hyperparameter study)")
+  parser.add_argument('--cap_s', type=float, default=None,
+                      help="each run's time cap (default per env: Catch 150 s, CartPole 360 s)")
+  parser.add_argument('--seeds', default='0', help='program seeds, comma-separated: '
+                      'every run once per seed')
   args = parser.parse_args()
   # (env, agent, envs per actor, what the target watches)
   runs = [('catch', 'vtrace', 16, 'eval')] if args.quick else [
@@ -60,9 +71,11 @@ def main() -> int:
       continue
     if args.envs_per_actor and k != args.envs_per_actor:
       continue
-    cap = 90.0 if args.quick else CAPS_S[env]
-    for mode in modes:
+    cap = args.cap_s or (90.0 if args.quick else CAPS_S[env])
+    for mode, seed in [(m, int(s)) for m in modes for s in args.seeds.split(',')]:
       extra = [] if eval_envs is None else ['--num_eval_envs', str(eval_envs)]
+      extra += [f'--agent_config={c}' for c in args.agent_config]
+      extra += ['--seed', str(seed)] if seed else []
       run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
                         '--target_return', str(TARGETS[env]), '--target_on', target_on,
                         '--max_seconds', str(cap)] + extra, f'{env}_{agent}_{k}_{mode}')
@@ -70,7 +83,8 @@ def main() -> int:
       summary = result['summary']
       solved = (summary.get('stop') or {}).get('kind') in ('target', 'eval_target')
       row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
-             'K': k, 'target_on': target_on,
+             'K': k, 'target_on': target_on, 'seed': seed,
+             'agent_config': ' '.join(args.agent_config) or 'defaults',
              'num_eval_envs': eval_envs if eval_envs is not None else ProgramConfig.num_eval_envs,
              'train_env_steps_per_s': (summary['env_steps'] / summary['elapsed_s']
                                        if summary.get('elapsed_s') else None),
@@ -94,10 +108,12 @@ def main() -> int:
             f"logdir {run.logdir}", flush=True)
   print()
   print_table(rows, ['env', 'agent', 'K', 'num_eval_envs', 'target_on', 'inference',
+                     'seed', 'agent_config',
                      'time_to_target_s', 'env_steps', 'train_env_steps_per_s',
                      'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
                      'replay_rss_mb', 'program_peak_rss_mb'])
-  path = write_json('time_to_solve_quick.json' if args.quick else 'time_to_solve.json',
+  path = write_json(args.out or ('time_to_solve_quick.json' if args.quick
+                                 else 'time_to_solve.json'),
                     {'machine': machine(), 'targets': TARGETS, 'rows': rows})
   print(f'time_to_solve: wrote {path}')
   return 1 if any(r['exit'] or r['leftover_processes'] for r in rows) else 0
