@@ -10,7 +10,11 @@ the raw env ceiling, the same envs in the same number of processes stepping rand
 actions with no inference at all (the same engine: ale-py's C++ vector env for Pong).
 Pong serves SEED's IMPALA ResNet torso.
 
-Prints a table and writes bench/results/acting[_quick].json. Asserts nothing about
+Also per row: CPU microseconds per env step of the actor nodes and of the central node
+(user + system of all their processes, over the same steady window as the rate): with
+every core busy, the mode that spends less CPU per env step serves more env steps.
+
+Prints the tables and writes bench/results/acting[_quick].json. Asserts nothing about
 speed: it reports.
 """
 
@@ -66,12 +70,18 @@ def main() -> int:
       row[f'{mode}_learner_rss_mb'] = run.node_rss('learner')
       row[f'{mode}_exit'] = result['exit_code']
       row[f'{mode}_load_1m'] = result['load_1m_at_end']  # other work skews the numbers
+      # Where the CPU goes per env step: the actors' nodes and the central node's.
+      for group in ('actor', 'learner'):
+        row[f'{mode}_{group}_cpu_us_per_step'] = run.cpu_us_per_step(group)
       print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
             f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
     row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0,
                                        engine=engine) * FRAMES_PER_STEP[env]
     row['central_vs_actor'] = row['central_per_s'] / row['actor_per_s']
+    for mode in ('central', 'actor'):
+      row[f'{mode}_cpu_us_per_step'] = (row[f'{mode}_actor_cpu_us_per_step']
+                                        + row[f'{mode}_learner_cpu_us_per_step'])
     row['central_of_ceiling'] = row['central_per_s'] / row['ceiling_per_s']
     row['actor_of_ceiling'] = row['actor_per_s'] / row['ceiling_per_s']
     rows.append(row)
@@ -80,6 +90,11 @@ def main() -> int:
   print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'actor_per_s',
                      'central_vs_actor', 'ceiling_per_s', 'central_of_ceiling',
                      'central_actor_rss_mb', 'actor_actor_rss_mb'])
+  print('\nCPU microseconds per env step (user + system, all processes of the node type)')
+  print_table(rows, ['env', 'actors', 'K', 'central_actor_cpu_us_per_step',
+                     'central_learner_cpu_us_per_step', 'central_cpu_us_per_step',
+                     'actor_actor_cpu_us_per_step', 'actor_learner_cpu_us_per_step',
+                     'actor_cpu_us_per_step'])
   path = write_json('acting_quick.json' if args.quick else 'acting.json',
                     {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
   print(f'acting: wrote {path}')

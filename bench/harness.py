@@ -57,6 +57,20 @@ def rss_by_node(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[str, float
   return rss
 
 
+def cpu_by_process(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[int, tuple]:
+  """pid -> (node, CPU seconds used so far, user + system) for every live node process."""
+  cpu: Dict[int, tuple] = {}
+  for p in tagged_processes(tag, var):
+    try:
+      out = os.readlink(f'/proc/{p.pid}/fd/1')
+      if out.startswith(nodes_dir):
+        times = p.cpu_times()
+        cpu[p.pid] = (out[len(nodes_dir):], times.user + times.system)
+    except (OSError, psutil.Error):
+      continue
+  return cpu
+
+
 def machine() -> Dict[str, Any]:
   """What the numbers were measured on."""
   cpu = platform.processor() or 'unknown'
@@ -86,6 +100,10 @@ class ProgramRun:
     self.peak_total_rss = 0.0
     self.first_learner_step_s: float | None = None
     self.first_env_step_s: float | None = None
+    # (program clock of the newest progress record, wall clock, CPU s per node so far):
+    # a process that exits keeps its last reading, so the sums never fall.
+    self.cpu_samples: List[tuple] = []
+    self._cpu_seen: Dict[int, tuple] = {}
 
   def run(self, timeout_s: float) -> Dict[str, Any]:
     """Runs the program to its end (or kills it at `timeout_s`); returns what it did."""
@@ -112,6 +130,13 @@ class ProgramRun:
           self.peak_rss[node] = max(self.peak_rss.get(node, 0.0), mb)
         self.peak_total_rss = max(self.peak_total_rss, sum(rss.values()))
         offset = self._read_progress(offset, now)
+        if self.records and self.records[-1].get('env_steps'):
+          last = self.records[-1]
+          self._cpu_seen.update(cpu_by_process(self.tag, nodes_dir))
+          per_node: Dict[str, float] = {}
+          for node, seconds in self._cpu_seen.values():
+            per_node[node] = per_node.get(node, 0.0) + seconds
+          self.cpu_samples.append((last['elapsed_s'], now, per_node))
       code = proc.wait()
     self._read_progress(offset, time.monotonic() - start)
     time.sleep(2)
@@ -152,6 +177,25 @@ class ProgramRun:
     first, last = window[0], window[-1]
     dt = last['elapsed_s'] - first['elapsed_s']
     return (last[key] - first[key]) / dt if dt > 0 else float('nan')
+
+  def cpu_us_per_step(self, group: str, skip_s: float = 5.0) -> float:
+    """CPU microseconds a node group (all its nodes) spent per env step: its CPU rate
+    over the steady window (from `skip_s` after env steps began) over `steady_rate`."""
+    if not self.cpu_samples:
+      return float('nan')
+    # Up to the last record before the final one: the final record comes with shutdown.
+    final = self.cpu_samples[-1][0]
+    samples = [s for s in self.cpu_samples if s[0] < final] or self.cpu_samples
+    window = [s for s in samples if s[0] >= samples[0][0] + skip_s]
+    if len(window) < 2:
+      window = samples
+    if len(window) < 2 or window[-1][1] <= window[0][1]:
+      return float('nan')
+    def total(sample):
+      return sum(v for node, v in sample[2].items() if node.split('/')[0] == group)
+    cpu_per_s = (total(window[-1]) - total(window[0])) / (window[-1][1] - window[0][1])
+    rate = self.steady_rate('env_steps', skip_s)
+    return cpu_per_s / rate * 1e6 if rate > 0 else float('nan')
 
   def node_rss(self, group: str) -> float:
     """Peak RSS (MB) of the largest node of a group (`actor`, `learner`, ...)."""
