@@ -43,16 +43,24 @@ def tagged_processes(tag: str, var: str = TAG_VAR) -> List[psutil.Process]:
   return out
 
 
-def rss_by_node(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[str, float]:
-  """RSS (MB) per node (`actor/0`, ...): the sum of its processes (supervisor + child)."""
-  rss: Dict[str, float] = {}
+def node_processes(tag: str, nodes_dir: str, var: str = TAG_VAR):
+  """(process, node) for every live process of the run whose stdout is a node's log."""
   for p in tagged_processes(tag, var):
     try:
       out = os.readlink(f'/proc/{p.pid}/fd/1')
-      if out.startswith(nodes_dir):
-        node = out[len(nodes_dir):]
-        rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
-    except (OSError, psutil.Error):
+    except OSError:
+      continue
+    if out.startswith(nodes_dir):
+      yield p, out[len(nodes_dir):]
+
+
+def rss_by_node(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[str, float]:
+  """RSS (MB) per node (`actor/0`, ...): the sum of its processes (supervisor + child)."""
+  rss: Dict[str, float] = {}
+  for p, node in node_processes(tag, nodes_dir, var):
+    try:
+      rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
+    except psutil.Error:
       continue
   return rss
 
@@ -60,14 +68,12 @@ def rss_by_node(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[str, float
 def cpu_by_process(tag: str, nodes_dir: str, var: str = TAG_VAR) -> Dict[int, tuple]:
   """pid -> (node, CPU seconds used so far, user + system) for every live node process."""
   cpu: Dict[int, tuple] = {}
-  for p in tagged_processes(tag, var):
+  for p, node in node_processes(tag, nodes_dir, var):
     try:
-      out = os.readlink(f'/proc/{p.pid}/fd/1')
-      if out.startswith(nodes_dir):
-        times = p.cpu_times()
-        cpu[p.pid] = (out[len(nodes_dir):], times.user + times.system)
-    except (OSError, psutil.Error):
+      times = p.cpu_times()
+    except psutil.Error:
       continue
+    cpu[p.pid] = (node, times.user + times.system)
   return cpu
 
 
