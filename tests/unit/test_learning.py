@@ -3,8 +3,9 @@
 No Launchpad here (see tests/integration for the real program): actors are threads
 calling `CentralNode.step` directly. Checks that unrolls reach the Reverb queue with the
 right shapes (feed-forward and LSTM), that learner steps consume them, that a full queue
-blocks inference (backpressure) until the learner catches up, that returns rise, and
-that R2D2's learner writes new priorities back into its prioritized table.
+blocks inference (backpressure) until the learner catches up, that returns rise, that
+R2D2's learner writes new priorities back into its prioritized table, and that R2D2's
+`samples_per_insert` limiter holds acting to the learner's pace.
 """
 
 import threading
@@ -203,3 +204,58 @@ def test_r2d2_writes_new_priorities_back_to_reverb(make_central):
   changed = [k for k in before.keys() & after.keys() if abs(before[k] - after[k]) > 1e-7]
   assert changed, 'no sampled item got a new priority'
   assert _table_size(client, table) == size  # prioritized replay keeps its items
+
+
+def _limiter_counts(client, table):
+  """(inserts, samples, the limiter's max_diff) of `table`."""
+  info = client.server_info()[table]
+  limiter = info.rate_limiter_info
+  return (limiter.insert_stats.completed, limiter.sample_stats.completed, limiter.max_diff)
+
+
+@pytest.mark.timeout(150)
+def test_samples_per_insert_ties_acting_to_the_learner(make_central):
+  # R2D2's `samples_per_insert` holds acting back until the learner has sampled each
+  # inserted sequence that often: the writer's flush waits, so inference and the
+  # actor wait too (nothing is dropped), and learner steps release them.
+  from seedacme.agents import r2d2
+  spi = 2.0
+  cfg = r2d2.R2D2Config(burn_in=0, trace_length=4, period=2, n_step=2, hidden_sizes=(16,),
+                        lstm_size=8, batch_size=4, min_replay_size=8, replay_size=10_000,
+                        samples_per_insert=spi)
+  central, client, actors, table = make_central(r2d2.R2D2Builder(cfg), num_actors=1,
+                                                envs_per_actor=4)
+  actor = actors[0]
+  actor.start()
+  # Without learner steps the table stops at min_replay_size + error_buffer / spi
+  # (8 + 40 / 2 = 28 inserts) and the actor stalls once the writer's queue is full.
+  deadline = time.monotonic() + 60
+  last, still_since = -1, time.monotonic()
+  while time.monotonic() < deadline:
+    if actor.steps != last:
+      last, still_since = actor.steps, time.monotonic()
+    elif time.monotonic() - still_since > 2.0:
+      break
+    time.sleep(0.05)
+  inserts, samples, max_diff = _limiter_counts(client, table)
+  assert samples == 0 and 8 <= inserts <= 28, (inserts, samples)
+  assert (inserts + 1) * spi - samples > max_diff  # the next insert must wait
+  stalled_at = actor.steps
+  time.sleep(1.0)
+  assert actor.steps - stalled_at <= 1, 'acting went on without learner steps'
+  assert _limiter_counts(client, table)[0] == inserts
+  # Each learner step samples 4 sequences, which admits 2 more inserts; a stream
+  # flush may carry up to 32 items, so releasing the actor takes up to 32 / 2 steps.
+  assert central.learner.warm_up()
+  steps = 0
+  while actor.steps <= stalled_at + 1 and steps < 20:
+    assert central.learner.step() is not None
+    steps += 1
+    wait_until = time.monotonic() + 2
+    while actor.steps <= stalled_at + 1 and time.monotonic() < wait_until:
+      time.sleep(0.05)
+  assert actor.steps > stalled_at + 1, f'actor still stalled after {steps} learner steps'
+  inserts_after, samples_after, _ = _limiter_counts(client, table)
+  assert samples_after >= 4 * steps  # the dataset samples ahead (in flight, prefetch)
+  assert inserts < inserts_after <= 28 + samples_after / spi + 1
+  assert actor.error is None
