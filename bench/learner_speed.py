@@ -1,7 +1,9 @@
-"""How fast the V-trace learner step runs on this machine, variant by variant, in one run.
+"""How fast the learner step runs on this machine, variant by variant, in one run.
 
     .venv/bin/python bench/learner_speed.py            # every variant, ~6 min
     .venv/bin/python bench/learner_speed.py --quick    # two variants, short (CI smoke)
+    .venv/bin/python bench/learner_speed.py --agent r2d2 --variants baseline,onednn,xla,intra1
+        # R2D2's step with CartPole's defaults (MLP + LSTM 64, 29-step sequences)
 
 The Atari learner (Nature CNN, T=20) bounds Pong's wall clock on 2 cores: the queue is
 full and acting waits for it (README, "Pong learns"). Each variant runs in its own
@@ -11,6 +13,11 @@ for a fixed time after a warm-up that traces the step. Variants run in two round
 opposite orders (ABC, CBA) so drift in the machine's load does not favour one;
 the table gives each variant's transitions/s (median of its rounds) and its ratio to
 the first variant, and `bench/results/learner_speed.json` keeps it all with the load.
+
+`--agent r2d2` times R2D2's step instead (CartPole's registry defaults, batch 32,
+random observations): alone, the step that a running R2D2 CartPole program takes
+~65 times a second (its learner shares 2 cores with inference) -- the gap between the
+two is what acting costs the learner (README, "R2D2 CartPole over seeds").
 """
 
 import argparse
@@ -48,6 +55,9 @@ def _child(args) -> None:
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.networks import make_network  # pylint: disable=g-import-not-at-top
+  if args.agent == 'r2d2':
+    _r2d2_child(args, env_vars, overrides, threads)
+    return
   config = registry.make_builder('vtrace', 'atari', batch_size=args.batch_size,
                                  **overrides).config
   num_actions, t1, b = 6, config.unroll_length + 1, args.batch_size
@@ -81,12 +91,57 @@ def _child(args) -> None:
                     'env': env_vars, 'overrides': overrides, 'threads': threads}))
 
 
-def _run_variant(name: str, batch_size: int, seconds: float) -> Dict[str, Any]:
+def _r2d2_child(args, env_vars, overrides, threads) -> None:
+  """R2D2's learner step on CartPole-shaped sequences; prints one JSON line."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.r2d2.networks import RecurrentQNetwork  # pylint: disable=g-import-not-at-top
+  jit = overrides.pop('jit_compile', False)
+  config = registry.make_builder('r2d2', 'cartpole', batch_size=args.batch_size,
+                                 **overrides).config
+  num_actions, n, b = 2, config.sequence_length, args.batch_size
+  nets = [RecurrentQNetwork(num_actions, config.hidden_sizes, config.lstm_size,
+                            config.dueling, config.torso) for _ in range(2)]
+  for net in nets:
+    net(tf.zeros((1, 4)), net.initial_state(1))
+  learner = R2D2Learner(nets[0], nets[1], config, None)
+  if jit:
+    learner._train = tf.function(learner._train_step, jit_compile=True)  # pylint: disable=protected-access
+  rng = np.random.RandomState(0)
+  step_type = np.ones((b, n), np.int8)
+  step_type[:, 0] = 0
+  batch = {'observation': tf.constant(rng.normal(size=(b, n, 4)).astype(np.float32)),
+           'reward': tf.ones((b, n)), 'discount': tf.ones((b, n)),
+           'step_type': tf.constant(step_type),
+           'action': tf.constant(rng.randint(0, num_actions, (b, n)).astype(np.int32)),
+           'initial_state': (tf.zeros((b, config.lstm_size)),) * 2}
+  weights = tf.ones((b,))
+  train = learner._train  # pylint: disable=protected-access
+  for _ in range(5):  # trace and warm up
+    train(batch, weights)[0].numpy()
+  steps, start = 0, time.perf_counter()
+  while time.perf_counter() - start < args.seconds:
+    priorities, metrics = train(batch, weights)
+    priorities.numpy()
+    steps += 1
+  elapsed = time.perf_counter() - start
+  assert np.isfinite(float(metrics['loss'])), metrics
+  print(json.dumps({'variant': args.variant, 'steps': steps, 'seconds': elapsed,
+                    'step_ms': 1000 * elapsed / steps,
+                    'transitions_per_s': steps * b * config.trace_length / elapsed,
+                    'env': env_vars, 'overrides': dict(overrides, jit_compile=jit),
+                    'threads': threads}))
+
+
+def _run_variant(name: str, batch_size: int, seconds: float,
+                 agent: str = 'vtrace') -> Dict[str, Any]:
   env = dict(os.environ, PYTHONPATH=harness.REPO, TF_CPP_MIN_LOG_LEVEL='2')
   env['TF_ENABLE_ONEDNN_OPTS'] = '0'  # TF 2.8's own default; variants turn it on
   env.update(VARIANTS[name][0])
   out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child', name,
-                        '--batch_size', str(batch_size), '--seconds', str(seconds)],
+                        '--batch_size', str(batch_size), '--seconds', str(seconds),
+                        '--agent', agent],
                        env=env, capture_output=True, text=True, timeout=seconds + 300,
                        check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith('{')]
@@ -98,13 +153,25 @@ def _run_variant(name: str, batch_size: int, seconds: float) -> Dict[str, Any]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
-  parser.add_argument('--variants', default=','.join(VARIANTS))
-  parser.add_argument('--batch_size', type=int, default=8)
+  parser.add_argument('--variants', default=None,
+                      help='default: all (V-trace); baseline,onednn,xla,intra1 (R2D2: its '
+                      'config has no optimizer field)')
+  parser.add_argument('--agent', default='vtrace', choices=['vtrace', 'r2d2'])
+  parser.add_argument('--batch_size', type=int, default=None,
+                      help='default: 8 (V-trace, Pong shapes), 32 (R2D2, CartPole)')
   parser.add_argument('--seconds', type=float, default=20.0)
   parser.add_argument('--rounds', type=int, default=2)
   parser.add_argument('--child', default=None, help=argparse.SUPPRESS)
-  parser.add_argument('--out', default='learner_speed.json')
+  parser.add_argument('--out', default=None,
+                      help='default learner_speed.json (V-trace), learner_speed_r2d2.json')
   args = parser.parse_args()
+  r2d2 = args.agent == 'r2d2'
+  if args.batch_size is None:
+    args.batch_size = 32 if r2d2 else 8
+  if args.variants is None:
+    args.variants = 'baseline,onednn,xla,intra1' if r2d2 else ','.join(VARIANTS)
+  if args.out is None:
+    args.out = 'learner_speed_r2d2.json' if r2d2 else 'learner_speed.json'
   if args.child:
     args.variant = args.child
     _child(args)
@@ -119,7 +186,7 @@ def main() -> None:
   results: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
   for r in range(args.rounds):
     for name in (names if r % 2 == 0 else names[::-1]):
-      res = _run_variant(name, args.batch_size, args.seconds)
+      res = _run_variant(name, args.batch_size, args.seconds, args.agent)
       res['load'] = os.getloadavg()[0]
       results[name].append(res)
       print(f'  round {r + 1}: {name:<22} {res["transitions_per_s"]:8,.0f} transitions/s '
@@ -132,12 +199,14 @@ def main() -> None:
                  'transitions/s': tps, 'ms/step': float(np.median([x['step_ms'] for x in results[name]])),
                  f'vs {names[0]}': tps / base,
                  'rounds': [round(x['transitions_per_s']) for x in results[name]]})
-  print(f'\nV-trace learner step, Nature CNN, T=20, batch {args.batch_size} '
+  what = ('R2D2 learner step, CartPole defaults (MLP + LSTM, 29-step sequences)'
+          if args.agent == 'r2d2' else 'V-trace learner step, Nature CNN, T=20')
+  print(f'\n{what}, batch {args.batch_size} '
         f'(load {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)')
   harness.print_table(rows, ['variant', 'batch', 'transitions/s', 'ms/step', f'vs {names[0]}'])
   path = harness.write_json(args.out, {
       'machine': harness.machine(), 'load_start': load_before, 'load_end': os.getloadavg()[0],
-      'batch_size': args.batch_size, 'seconds_per_round': args.seconds,
+      'agent': args.agent, 'batch_size': args.batch_size, 'seconds_per_round': args.seconds,
       'rows': rows, 'runs': results})
   print(f'wrote {path}')
 
