@@ -52,15 +52,30 @@ def _child(args) -> None:
   if threads:
     tf.config.threading.set_intra_op_parallelism_threads(threads[0])
     tf.config.threading.set_inter_op_parallelism_threads(threads[1])
+  make_step = _r2d2_step if args.agent == 'r2d2' else _vtrace_step
+  step, transitions_per_step, overrides = make_step(args.batch_size, dict(overrides))
+  for i in range(3):  # trace and warm up
+    step(i)
+  steps, start = 0, time.perf_counter()
+  while time.perf_counter() - start < args.seconds:
+    loss = step(steps)
+    steps += 1
+  elapsed = time.perf_counter() - start
+  assert np.isfinite(float(loss)), loss
+  print(json.dumps({'variant': args.variant, 'steps': steps, 'seconds': elapsed,
+                    'step_ms': 1000 * elapsed / steps,
+                    'transitions_per_s': steps * transitions_per_step / elapsed,
+                    'env': env_vars, 'overrides': overrides, 'threads': threads}))
+
+
+def _vtrace_step(b: int, overrides: Dict[str, Any]):
+  """(step(i) -> loss, transitions per step, overrides): V-trace on Pong-shaped unrolls."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.networks import make_network  # pylint: disable=g-import-not-at-top
-  if args.agent == 'r2d2':
-    _r2d2_child(args, env_vars, overrides, threads)
-    return
-  config = registry.make_builder('vtrace', 'atari', batch_size=args.batch_size,
-                                 **overrides).config
-  num_actions, t1, b = 6, config.unroll_length + 1, args.batch_size
+  config = registry.make_builder('vtrace', 'atari', batch_size=b, **overrides).config
+  num_actions, t1 = 6, config.unroll_length + 1
   network = make_network(config.core, num_actions, config.hidden_sizes,
                          config.lstm_size, config.torso)
   learner = VTraceLearner(network, config, None)
@@ -77,61 +92,43 @@ def _child(args) -> None:
             'logits': tf.constant(rng.normal(0, .1, (b, t1, num_actions)).astype(np.float32))}
 
   batches = [batch() for _ in range(4)]
-  for i in range(3):  # trace and warm up
-    learner.train_on(batches[i % 4])
-  steps, start = 0, time.perf_counter()
-  while time.perf_counter() - start < args.seconds:
-    metrics = learner.train_on(batches[steps % 4])
-    steps += 1
-  elapsed = time.perf_counter() - start
-  assert np.isfinite(metrics['loss']), metrics
-  print(json.dumps({'variant': args.variant, 'steps': steps, 'seconds': elapsed,
-                    'step_ms': 1000 * elapsed / steps,
-                    'transitions_per_s': steps * b * config.unroll_length / elapsed,
-                    'env': env_vars, 'overrides': overrides, 'threads': threads}))
+  return (lambda i: learner.train_on(batches[i % 4])['loss'],
+          b * config.unroll_length, overrides)
 
 
-def _r2d2_child(args, env_vars, overrides, threads) -> None:
-  """R2D2's learner step on CartPole-shaped sequences; prints one JSON line."""
+def _r2d2_step(b: int, overrides: Dict[str, Any]):
+  """(step(i) -> loss, transitions per step, overrides): R2D2 on CartPole's sequences."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
-  from seedacme.agents.r2d2.networks import RecurrentQNetwork  # pylint: disable=g-import-not-at-top
-  jit = overrides.pop('jit_compile', False)
-  config = registry.make_builder('r2d2', 'cartpole', batch_size=args.batch_size,
-                                 **overrides).config
-  num_actions, n, b = 2, config.sequence_length, args.batch_size
-  nets = [RecurrentQNetwork(num_actions, config.hidden_sizes, config.lstm_size,
-                            config.dueling, config.torso) for _ in range(2)]
-  for net in nets:
-    net(tf.zeros((1, 4)), net.initial_state(1))
-  learner = R2D2Learner(nets[0], nets[1], config, None)
+  jit = overrides.pop('jit_compile', False)  # R2D2Config has no such field
+  builder = registry.make_builder('r2d2', 'cartpole', batch_size=b, **overrides)
+  config = builder.config
+  spec = envs.env_spec_of(envs.make_factory('cartpole')(0))
+  nets = builder.make_networks(spec)
+  learner = R2D2Learner(nets.online, nets.target, config, None)  # no Reverb: fixed batch
+  train = learner._train  # pylint: disable=protected-access
   if jit:
-    learner._train = tf.function(learner._train_step, jit_compile=True)  # pylint: disable=protected-access
+    train = tf.function(learner._train_step, jit_compile=True)  # pylint: disable=protected-access
+  n = config.sequence_length
   rng = np.random.RandomState(0)
   step_type = np.ones((b, n), np.int8)
   step_type[:, 0] = 0
-  batch = {'observation': tf.constant(rng.normal(size=(b, n, 4)).astype(np.float32)),
+  batch = {'observation': tf.constant(
+               rng.normal(size=(b, n) + spec.observation_shape).astype(np.float32)),
            'reward': tf.ones((b, n)), 'discount': tf.ones((b, n)),
            'step_type': tf.constant(step_type),
-           'action': tf.constant(rng.randint(0, num_actions, (b, n)).astype(np.int32)),
+           'action': tf.constant(rng.randint(0, spec.num_actions, (b, n)).astype(np.int32)),
            'initial_state': (tf.zeros((b, config.lstm_size)),) * 2}
   weights = tf.ones((b,))
-  train = learner._train  # pylint: disable=protected-access
-  for _ in range(5):  # trace and warm up
-    train(batch, weights)[0].numpy()
-  steps, start = 0, time.perf_counter()
-  while time.perf_counter() - start < args.seconds:
+
+  def step(_):
     priorities, metrics = train(batch, weights)
-    priorities.numpy()
-    steps += 1
-  elapsed = time.perf_counter() - start
-  assert np.isfinite(float(metrics['loss'])), metrics
-  print(json.dumps({'variant': args.variant, 'steps': steps, 'seconds': elapsed,
-                    'step_ms': 1000 * elapsed / steps,
-                    'transitions_per_s': steps * b * config.trace_length / elapsed,
-                    'env': env_vars, 'overrides': dict(overrides, jit_compile=jit),
-                    'threads': threads}))
+    priorities.numpy()  # wait for the step, as the learner does for its priority updates
+    return metrics['loss']
+
+  return step, b * config.trace_length, dict(overrides, jit_compile=jit)
 
 
 def _run_variant(name: str, batch_size: int, seconds: float,
