@@ -37,9 +37,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seedacme import envs  # noqa: E402
-from seedacme.actor import EnvActor  # noqa: E402
+from seedacme.actor.env_actor import EnvActor  # noqa: E402
 from seedacme.launchers import process  # noqa: E402
-from seedacme.logdir import read_progress  # noqa: E402
+from seedacme.run.logdir import read_progress  # noqa: E402
 
 FRAMES_PER_STEP = 4
 ENGINES = ('python', 'vector_sync', 'vector_async')

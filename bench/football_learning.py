@@ -40,7 +40,7 @@ import numpy as np
 
 import harness
 from seedacme import envs
-from seedacme.curves import write_curves
+from seedacme.run.curves import write_curves
 
 REPO = harness.REPO
 

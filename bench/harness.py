@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 import numpy as np
 import psutil
 
-from seedacme import logdir as logdir_lib
+from seedacme.run import logdir as logdir_lib
 from seedacme.launchers import process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -70,9 +70,9 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
         return {'batch_fill': float('nan')}
     target = Echo()
   else:
-    from seedacme.envs.registry import EnvSpec  # pylint: disable=g-import-not-at-top
-    from seedacme.inference import InferenceServer  # pylint: disable=g-import-not-at-top
-    from seedacme.policy import PolicyStep, StatelessPolicy  # pylint: disable=g-import-not-at-top
+    from seedacme.types import EnvSpec  # pylint: disable=g-import-not-at-top
+    from seedacme.serving.server import InferenceServer  # pylint: disable=g-import-not-at-top
+    from seedacme.serving.policy import PolicyStep, StatelessPolicy  # pylint: disable=g-import-not-at-top
     spec = EnvSpec(shape, dtype, num_actions)
     if kind == 'seed':
       from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
@@ -81,17 +81,19 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
       policy = builder.make_policy(builder.make_networks(spec), spec, num_envs, num_envs)
     else:
       class NoWork(StatelessPolicy):
-        def act(self, observation, greedy, env_ids):
+        def act(self, observation, eval_mask, env_ids):
           b = len(observation)
           return PolicyStep(np.zeros(b, np.int32), {'logits': np.zeros((b, num_actions),
                                                                        np.float32)}, ())
       policy = NoWork(num_envs)
     from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+    from seedacme.run.accounting import ActingLog  # pylint: disable=g-import-not-at-top
     server = InferenceServer(
         policy, spec, num_envs, None,
         max_batch_envs=(_min_batch_envs(batching, num_envs)
                         or ProgramConfig.inference_batch_envs),
-        batch_timeout_s=ProgramConfig.inference_timeout_ms / 1e3)
+        batch_timeout_s=ProgramConfig.inference_timeout_ms / 1e3,
+        acting=ActingLog())  # counting what it serves, as the central node's server does
     if hasattr(policy, 'warm_up'):
       policy.warm_up(range(1, num_envs + 1))
 
@@ -114,7 +116,7 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
             results) -> None:
   """Closed-loop client: K envs per call, as an actor would send them."""
   import courier  # pylint: disable=g-import-not-at-top
-  from seedacme import protocol  # pylint: disable=g-import-not-at-top
+  from seedacme.wire import protocol  # pylint: disable=g-import-not-at-top
   shape, dtype, _ = ENV_SHAPES[env]
   client = courier.Client(f'localhost:{port}')
   rng = np.random.default_rng(first_env_id)

@@ -5,7 +5,7 @@
 
 For each setting (a V-trace config on top of the registry's Atari defaults) the same
 unrolls of random Pong play are trained on for `--updates` updates from the same
-initial network (`seedacme/probes.py`). The table gives, per layer, the mean
+initial network (`bench/probes.py`). The table gives, per layer, the mean
 parameter step divided by the learning rate over the last 10 updates (Adam with a
 negligible epsilon gives ~1: every weight moves by ~lr), the conv units alive before ->
 after, and the value's spread over frames. It explains; the Pong runs decide
@@ -18,6 +18,8 @@ import sys
 from typing import Any, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root: the random-play unrolls are the tests' (tests/unit/pong_unrolls.py).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402  pylint: disable=g-import-not-at-top
 
 SETTINGS: Dict[str, Dict[str, Any]] = {
@@ -51,13 +53,14 @@ def main() -> None:
   parser.add_argument('--learning_rate', type=float, default=6e-4)
   args = parser.parse_args()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from seedacme import probes  # pylint: disable=g-import-not-at-top
+  import probes  # pylint: disable=g-import-not-at-top
+  from tests.unit.pong_unrolls import random_play_unrolls  # pylint: disable=g-import-not-at-top
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
   from seedacme.agents.vtrace.networks import make_network  # pylint: disable=g-import-not-at-top
   settings = dict(list(SETTINGS.items())[:2]) if args.quick else SETTINGS
   updates = 20 if args.quick else args.updates
-  unrolls = probes.random_play_unrolls()
+  unrolls = random_play_unrolls()
   rows, results = [], {}
   for name, overrides in settings.items():
     config = registry.make_builder('vtrace', 'atari', batch_size=args.batch_size,

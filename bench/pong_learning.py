@@ -40,8 +40,8 @@ import harness
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from seedacme.accounting import EpisodeTracker  # noqa: E402
-from seedacme.curves import full_windows, read_progress, write_curves  # noqa: E402
+from seedacme.run.accounting import EpisodeTracker  # noqa: E402
+from seedacme.run.curves import full_windows, read_progress, write_curves  # noqa: E402
 from seedacme.envs.atari_vector import AtariVectorEnv  # noqa: E402
 
 FRAMES_PER_STEP = 4

@@ -22,7 +22,7 @@ import numpy as np
 from harness import machine, print_table, write_json
 
 # seedacme first, as the central node imports it: its TF settings (oneDNN) apply.
-from seedacme.tf_policy import _direct_call  # pylint: disable=g-import-not-at-top
+from seedacme.serving.tf_policy import _direct_call  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 ROUNDS, CALLS = 5, 300

@@ -9,6 +9,8 @@ and nothing that holds a model. An *environment factory* is a picklable callable
     env = factory(seed=0)
 """
 
-from seedacme.envs.registry import EnvSpec, make_factory, env_spec_of, ENV_NAMES
+from seedacme.envs.registry import make_factory, ENV_NAMES
+
+from seedacme.types import EnvSpec, env_spec_of
 
 __all__ = ['EnvSpec', 'make_factory', 'env_spec_of', 'ENV_NAMES']

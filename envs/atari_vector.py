@@ -39,22 +39,12 @@ bit-identical to `BatchedEnv` over `envs/atari.py` for the same actions
 """
 
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from seedacme.accounting import FIRST, LAST, MID
-from seedacme.envs.batched import BatchStep
-from seedacme.envs.registry import EnvSpec
-
-MAX_EPISODE_FRAMES = 108_000  # as envs/atari.py
-
-
-
-class SlotStep(NamedTuple):
-  """Timesteps of some of an engine's K env slots (a half batch, or all K)."""
-  slots: np.ndarray  # int64 [B]: which of the K envs (0..K-1), in the order of `step`
-  step: BatchStep  # arrays with leading dimension B
+from seedacme.envs.atari import MAX_EPISODE_FRAMES
+from seedacme.types import FIRST, LAST, MID, BatchStep, EnvSpec, SlotStep
 
 
 def rom_name(game: str) -> str:
@@ -68,7 +58,7 @@ class _Timelines:
   Keeps, per env: whether its last timestep ended an episode (so the next one is FIRST)
   and the steps since the episode started (to replace ale-py's zero padding of the
   frame stack by copies of the first frame). Returns are added up by the reader
-  (`seedacme.accounting.EpisodeTracker`).
+  (`seedacme.run.accounting.EpisodeTracker`).
   """
 
   def __init__(self, num_envs: int, stack: int):

@@ -5,40 +5,8 @@ import functools
 from typing import Any, Callable, Dict, Tuple
 
 import dm_env
-import numpy as np
 
-EnvFactory = Callable[[int], dm_env.Environment]
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-  """What the inference server needs to know about an environment.
-
-  Attributes:
-    observation_shape: shape of one observation (no batch dimension).
-    observation_dtype: numpy dtype name of observations as they cross the wire.
-    num_actions: size of the discrete action space.
-  """
-  observation_shape: Tuple[int, ...]
-  observation_dtype: str
-  num_actions: int
-
-  @property
-  def dtype(self) -> np.dtype:
-    return np.dtype(self.observation_dtype)
-
-
-def env_spec_of(env: dm_env.Environment) -> EnvSpec:
-  """Reads the `EnvSpec` of a dm_env environment with a discrete action space."""
-  obs_spec = env.observation_spec()
-  action_spec = env.action_spec()
-  if not hasattr(action_spec, 'num_values'):
-    raise ValueError(
-        f'seedacme agents need a discrete action space; got {action_spec!r}')
-  return EnvSpec(
-      observation_shape=tuple(int(d) for d in obs_spec.shape),
-      observation_dtype=np.dtype(obs_spec.dtype).name,
-      num_actions=int(action_spec.num_values))
+from seedacme.types import EnvFactory, EnvSpec, env_spec_of  # noqa: F401  (envs' public names)
 
 
 def _make_catch(seed: int, rows: int = 10, columns: int = 5) -> dm_env.Environment:
@@ -100,25 +68,12 @@ class AtariFactory:
   def make_engine(self, num_envs: int, seed: int = 0):
     """K envs (env i seeded with seed + i) stepped by the chosen engine."""
     if self.engine == 'python':
-      from seedacme.envs.batched import BatchedEnv
+      from seedacme.actor.engines import BatchedEnv
       return BatchedEnv(self, num_envs, seed=seed)
     from seedacme.envs import atari_vector
     return atari_vector.make_vector_engine(self.engine, self.game, num_envs, seed,
                                            num_threads=self.num_threads,
                                            **self._preprocessing())
-
-
-def make_engine(factory: EnvFactory, num_envs: int, seed: int = 0):
-  """How an actor steps K envs of `factory`: the factory's own engine if it has one.
-
-  Returns a `BatchedEnv`-like engine (`reset`, `step`) or a half-batch engine (`recv`,
-  `send`; envs/atari_vector.py). Factories without `make_engine` get `BatchedEnv`.
-  """
-  make = getattr(factory, 'make_engine', None)
-  if make is not None:
-    return make(num_envs, seed)
-  from seedacme.envs.batched import BatchedEnv
-  return BatchedEnv(factory, num_envs, seed=seed)
 
 
 # Environments by name: `factory(seed, **kwargs)` (a function, or a factory class such

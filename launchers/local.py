@@ -18,11 +18,10 @@ import threading
 from typing import Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
-from seedacme import logdir as logdir_lib
-from seedacme.curves import write_curves
-from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args,
-                                              make_program_inputs)
-from seedacme.progress import format_line
+from seedacme.run import logdir as logdir_lib
+from seedacme.run.curves import write_curves
+from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
+from seedacme.run.progress import format_line
 
 
 def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
@@ -120,7 +119,7 @@ def main(argv: List[str] | None = None) -> int:
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
 
   import launchpad as lp  # pylint: disable=g-import-not-at-top
-  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 
   try:
     factory, spec, builder, config = make_program_inputs(args, logdir)

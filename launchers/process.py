@@ -4,7 +4,7 @@ One command line (`command`) and one way to start it (`start`): in its own sessi
 that a test or benchmark can signal the launcher and every node it started as a group
 (`os.killpg`), with its output in a file, an environment of the caller's choosing
 (tests give each run its own HOME, TMPDIR and a tag that finds leftover processes) and
-the repository as working directory. The logdir is then read with `seedacme.logdir`.
+the repository as working directory. The logdir is then read with `seedacme.run.logdir`.
 """
 
 import os

@@ -31,8 +31,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
-from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args,
-                                              make_program_inputs)
+from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Launchpad 0.5.0's `to_docker_executables` builds on python:<the launching Python>.
@@ -321,7 +320,7 @@ def _check_cloud_setup() -> List[str]:
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   import launchpad as lp  # pylint: disable=g-import-not-at-top
-  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 
   bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
   logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'

@@ -10,63 +10,19 @@ code at all, so what Acme's actor and adder did moves to the central node:
     make_trajectory_sink    -> how served steps become Reverb items (unrolls, sequences)
     make_learner            -> dataset from Reverb -> loss -> SGD step
 
-`seedacme.program.make_program` assembles any builder into a Launchpad program and
-knows nothing about V-trace or R2D2.
+`seedacme.nodes.program.make_program` assembles any builder into a Launchpad program and
+knows nothing about V-trace or R2D2. The contract's parts live with their roles
+(`Learner` in `seedacme.learner.base`, `TrajectorySink` in `seedacme.trajectories.sink`,
+`ServerPolicy` in `seedacme.serving.policy`); this module names them together.
 """
 
 import abc
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
-from seedacme.envs.registry import EnvSpec
-from seedacme.policy import ServerPolicy
-
-
-class TrajectorySink(abc.ABC):
-  """Receives every training step the server serves; writes trajectories to Reverb."""
-
-  @abc.abstractmethod
-  def add(self, env_ids, step: Dict[str, Any]) -> None:
-    """One step for each env in `env_ids` (leaves `[B, ...]`)."""
-
-  @abc.abstractmethod
-  def reset(self, env_ids) -> None:
-    """Drops the partial trajectories of these envs (their actor restarted)."""
-
-  @abc.abstractmethod
-  def stats(self) -> Dict[str, float]:
-    """Counters for progress output (items written, time blocked, ...)."""
-
-  @abc.abstractmethod
-  def wait_until_written(self, timeout_s: float = 10.0) -> bool:
-    """Waits until everything added so far is in Reverb; False if it did not get there."""
-
-  def close(self) -> None:
-    """Stops background work."""
-
-
-class Learner(abc.ABC):
-  """The training side of the central node."""
-
-  @abc.abstractmethod
-  def step(self) -> Dict[str, float] | None:
-    """One SGD step; returns its metrics, or None if no data arrived in time."""
-
-  @abc.abstractmethod
-  def checkpoint_state(self) -> Dict[str, Any]:
-    """Everything trained that a restart must not lose: networks, optimizer, counters
-    (TF trackables; saved with `tf.train.Checkpoint`)."""
-
-  def warm_up(self) -> bool:
-    """Builds the SGD step's graph before the first batch arrives; returns whether the
-    step is traced now (False: this learner has nothing to trace ahead).
-
-    Tracing a learner step takes seconds; done while actors start and fill the replay,
-    it is off the path to the first learner step.
-    """
-    return False
-
-  def close(self) -> None:
-    """Releases datasets and threads."""
+from seedacme.learner.base import Learner
+from seedacme.serving.policy import ServerPolicy
+from seedacme.trajectories.sink import TrajectorySink
+from seedacme.types import EnvSpec
 
 
 class SeedBuilder(abc.ABC):

@@ -44,12 +44,12 @@ class ProgramConfig:
       central node for all actors, env-only actors. 'actor': Acme's distributed
       pattern -- every actor holds a network copy, acts for its own K envs, writes its
       own trajectories and pulls parameters from the learner
-      (`seedacme.actor_side_inference`). Everything else is identical.
+      (`seedacme.actor.actor_side`). Everything else is identical.
     variable_update_period: with inference='actor', actors fetch fresh parameters
       every this many inference calls (in the background, as Acme's VariableClient).
     accelerator: the accelerator the launch asked for the central node ('V100',
       'TPU_V3', ...; None: none). The central node refuses to start when TensorFlow
-      sees no device of that kind (`seedacme.devices`) rather than train on the CPU.
+      sees no device of that kind (`seedacme.runtime.devices`) rather than train on the CPU.
     train: False runs acting only (no trajectories written, no learner steps): for
       measuring acting throughput without the learner as the bottleneck.
   """

@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence, Tuple
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
+from seedacme.types import Nest
 
-Nest = Any
 
 
 def to_float(observation: tf.Tensor) -> tf.Tensor:

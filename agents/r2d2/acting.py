@@ -2,16 +2,16 @@
 
 Ape-X/R2D2 give each actor its own exploration rate. With central inference the server
 applies them: training env i of N gets eps_i = base^(1 + alpha i / (N - 1)); evaluation
-envs (greedy requests) use `evaluation_epsilon`. The epsilons live on the device beside
+envs (`Mode.EVAL` requests) use `evaluation_epsilon`. The epsilons live on the device beside
 the recurrent state, and the whole epsilon-greedy step is one compiled call
-(`seedacme.tf_policy`).
+(`seedacme.serving.tf_policy`).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from seedacme.envs.registry import EnvSpec
-from seedacme.tf_policy import TFServerPolicy
+from seedacme.types import EnvSpec
+from seedacme.serving.tf_policy import TFServerPolicy
 
 
 def apex_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -37,15 +37,15 @@ class R2D2Policy(TFServerPolicy):
     with tf.device(self.device):
       self._epsilon_table = tf.constant(self.epsilons[ids])
 
-  def epsilon_of(self, env_ids: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+  def epsilon_of(self, env_ids: np.ndarray, eval_mask: np.ndarray) -> np.ndarray:
     """Per-env epsilon for a batch, as the compiled step applies it."""
     train_ids = np.minimum(env_ids, len(self.epsilons) - 1)
-    return np.where(greedy, self._evaluation_epsilon,
+    return np.where(eval_mask, self._evaluation_epsilon,
                     self.epsilons[train_ids]).astype(np.float32)
 
-  def _act(self, observation, state, greedy, env_ids):
+  def _act(self, observation, state, eval_mask, env_ids):
     q, next_state = self._network(observation, state)
-    epsilon = tf.where(greedy, tf.constant(self._evaluation_epsilon, tf.float32),
+    epsilon = tf.where(eval_mask, tf.constant(self._evaluation_epsilon, tf.float32),
                        tf.gather(self._epsilon_table, env_ids))
     batch = tf.shape(q)[0]
     random_action = self._rng.uniform([batch], 0, self._num_actions, dtype=tf.int32)

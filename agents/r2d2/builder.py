@@ -11,13 +11,13 @@ import tensorflow as tf
 import tree
 
 from seedacme import builder as builder_lib
-from seedacme import trajectories
 from seedacme.agents.r2d2 import acting, learning, networks, priorities
 from seedacme.agents.r2d2.config import R2D2Config
-from seedacme.datasets import ReverbBatches
-from seedacme.envs.registry import EnvSpec
+from seedacme.trajectories.datasets import ReverbBatches
+from seedacme.trajectories.sink import ReverbSequenceSink
+from seedacme.types import EnvSpec
+from seedacme.types import Nest
 
-Nest = Any
 
 
 @dataclasses.dataclass
@@ -107,9 +107,9 @@ class R2D2Builder(builder_lib.SeedBuilder):
     return items
 
   def make_trajectory_sink(self, replay_client, num_envs: int,
-                           spec: EnvSpec) -> trajectories.ReverbSequenceSink:
+                           spec: EnvSpec) -> ReverbSequenceSink:
     del spec
-    return trajectories.ReverbSequenceSink(
+    return ReverbSequenceSink(
         replay_client, self.table, num_envs, length=self.config.sequence_length,
         period=self.config.period, to_items=self._to_items)
 

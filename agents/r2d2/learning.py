@@ -10,9 +10,9 @@ import tensorflow as tf
 
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
-from seedacme.accounting import FIRST, LAST
-from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches, batch_specs, time_major
+from seedacme.types import FIRST, LAST
+from seedacme.learner.base import Learner
+from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 
 
 

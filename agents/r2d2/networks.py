@@ -5,14 +5,14 @@ one batched inference step, and `unroll(obs, first, state)` over time-major inpu
 which here also returns the final state (the learner's burn-in needs it).
 """
 
-from typing import Any, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import sonnet as snt
 import tensorflow as tf
 
 from seedacme.networks import RecurrentCore, batch_apply, make_torso
+from seedacme.types import Nest
 
-Nest = Any
 
 
 class DuelingHead(snt.Module):

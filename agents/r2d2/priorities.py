@@ -8,7 +8,7 @@ with the behaviour Q-values standing in for both networks.
 
 import numpy as np
 
-from seedacme.accounting import LAST
+from seedacme.types import LAST
 
 
 def value_rescale(x, eps=1e-3):

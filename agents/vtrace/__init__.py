@@ -2,7 +2,7 @@
 
 Files follow the data flow: `networks` (policy/value nets), `acting` (the batched
 server-side policy), `losses` (V-trace as pure functions), `learning` (the SGD step on
-unrolls from the Reverb queue), `builder` (wiring for `seedacme.program`).
+unrolls from the Reverb queue), `builder` (wiring for `seedacme.nodes.program`).
 """
 
 from seedacme.agents.vtrace.config import VTraceConfig

@@ -1,7 +1,7 @@
 """V-trace's server-side policy: one batched forward pass, sampled (or greedy) actions.
 
 Runs on the central node inside the inference server's batch, as one compiled call
-with each env's recurrent state on the device (`seedacme.tf_policy`). The network's
+with each env's recurrent state on the device (`seedacme.serving.tf_policy`). The network's
 variables are the learner's own (same process, same objects): inference always uses
 the latest parameters and nothing is copied over the network.
 """
@@ -9,23 +9,23 @@ the latest parameters and nothing is copied over the network.
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.envs.registry import EnvSpec
-from seedacme.tf_policy import TFServerPolicy
+from seedacme.types import EnvSpec
+from seedacme.serving.tf_policy import TFServerPolicy
 
 
 class VTracePolicy(TFServerPolicy):
-  """Samples from the policy network's logits; greedy envs take the argmax."""
+  """Samples from the policy network's logits; evaluation envs take the argmax."""
 
   def __init__(self, network: snt.Module, spec: EnvSpec, num_envs: int, seed: int = 0,
                device: str = ''):
     super().__init__(network, spec, num_envs, seed, device)
 
-  def _act(self, observation, state, greedy, env_ids):
+  def _act(self, observation, state, eval_mask, env_ids):
     del env_ids  # Every env samples from the same policy.
     (logits, _), next_state = self._network(observation, state)
     # Gumbel-max with a stateful generator: reproducible given the seed.
     u = self._rng.uniform(tf.shape(logits), minval=1e-20, maxval=1.0)
     sampled = tf.argmax(logits - tf.math.log(-tf.math.log(u)), axis=-1,
                         output_type=tf.int32)
-    action = tf.where(greedy, tf.argmax(logits, axis=-1, output_type=tf.int32), sampled)
+    action = tf.where(eval_mask, tf.argmax(logits, axis=-1, output_type=tf.int32), sampled)
     return action, {'logits': logits}, next_state

@@ -8,13 +8,13 @@ import tensorflow as tf
 import tree
 
 from seedacme import builder as builder_lib
-from seedacme import trajectories
 from seedacme.agents.vtrace import acting, learning, networks
 from seedacme.agents.vtrace.config import VTraceConfig
-from seedacme.datasets import ReverbBatches
-from seedacme.envs.registry import EnvSpec
+from seedacme.trajectories.datasets import ReverbBatches
+from seedacme.trajectories.sink import ReverbSequenceSink
+from seedacme.types import EnvSpec
+from seedacme.types import Nest
 
-Nest = Any
 
 
 class VTraceBuilder(builder_lib.SeedBuilder):
@@ -91,9 +91,9 @@ class VTraceBuilder(builder_lib.SeedBuilder):
     return items
 
   def make_trajectory_sink(self, replay_client, num_envs: int,
-                           spec: EnvSpec) -> trajectories.ReverbSequenceSink:
+                           spec: EnvSpec) -> ReverbSequenceSink:
     del spec
-    return trajectories.ReverbSequenceSink(
+    return ReverbSequenceSink(
         replay_client, self.table, num_envs, length=self.unroll_steps,
         period=self.config.unroll_length, to_items=self._to_items)
 

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
-from seedacme.accounting import FIRST, LAST
-from seedacme.builder import Learner
-from seedacme.datasets import ReverbBatches, batch_specs, time_major
+from seedacme.types import FIRST, LAST
+from seedacme.learner.base import Learner
+from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 
 
 

@@ -12,14 +12,14 @@ Observations arrive in the env's dtype; uint8 frames are scaled to [0, 1] here, 
 device, so they cross the network as bytes.
 """
 
-from typing import Any, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import sonnet as snt
 import tensorflow as tf
 
 from seedacme.networks import RecurrentCore, batch_apply, make_torso
+from seedacme.types import Nest
 
-Nest = Any
 
 
 def _policy_init_scale(torso: str) -> float | None:

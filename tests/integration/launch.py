@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Dict, List
 
-from seedacme import logdir as logdir_lib
+from seedacme.run import logdir as logdir_lib
 from seedacme.launchers import process
 
 TAG_VAR = 'SEEDACME_TEST_TAG'

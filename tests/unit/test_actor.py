@@ -7,16 +7,17 @@ from concurrent import futures
 import numpy as np
 import pytest
 
-from seedacme.accounting import Mode
+from seedacme.types import Mode
 from seedacme import envs
-from seedacme.actor import EnvActor
-from seedacme.inference import InferenceServer
-from seedacme.policy import PolicyStep, StatelessPolicy
+from seedacme.actor.env_actor import EnvActor
+from seedacme.run.accounting import ActingLog
+from seedacme.serving.server import InferenceServer
+from seedacme.serving.policy import PolicyStep, StatelessPolicy
 
 
 class _FirstActionPolicy(StatelessPolicy):
 
-  def act(self, observation, greedy, env_ids):
+  def act(self, observation, eval_mask, env_ids):
     return PolicyStep(np.zeros(len(observation), np.int32), {}, ())
 
 
@@ -41,7 +42,7 @@ class _Client:
 def _server(num_envs):
   spec = envs.env_spec_of(envs.make_factory('catch')(0))
   return InferenceServer(_FirstActionPolicy(num_envs), spec, num_envs, None,
-                         max_batch_envs=num_envs, batch_timeout_s=0.0)
+                         max_batch_envs=num_envs, batch_timeout_s=0.0, acting=ActingLog())
 
 
 def test_one_call_per_step_for_all_envs():
@@ -54,9 +55,12 @@ def test_one_call_per_step_for_all_envs():
   finally:
     server.close()
   assert client.calls == 30 and actor.steps == 30
-  assert server.env_steps == 30 * 4
+  assert server.acting.env_steps(Mode.TRAIN) == 30 * 4
   # Catch lasts 9 steps, then one step restarts it: 3 episodes per env in 30 steps.
   assert server.acting.summary(Mode.TRAIN)['episodes'] == 3 * 4
+  # The actor's own account (its log lines, evaluation rounds) agrees with the server's.
+  assert actor.env_steps == 30 * 4 and actor.episodes == 3 * 4
+  assert actor.acting.env_steps(Mode.EVAL) == 0
   np.testing.assert_array_equal(actor.env_ids, [4, 5, 6, 7])
 
 
@@ -65,7 +69,7 @@ def test_evaluator_plays_rounds_on_a_schedule():
   client = _Client(server)
   stop = threading.Event()
   evaluator = EnvActor(client, envs.make_factory('catch'), actor_id=0, num_envs=2,
-                       first_env_id=0, greedy=True, eval_interval_s=1.0, eval_episodes=4,
+                       first_env_id=0, mode=Mode.EVAL, eval_interval_s=1.0, eval_episodes=4,
                        stop_event=stop)
   timer = threading.Timer(2.5, stop.set)
   timer.start()
@@ -79,7 +83,7 @@ def test_evaluator_plays_rounds_on_a_schedule():
   eval_episodes = server.acting.summary(Mode.EVAL)['episodes']
   # Rounds start at 0 s, 1 s, 2 s; each stops after 4 episodes (2 envs x 2 episodes).
   assert 8 <= eval_episodes <= 12, eval_episodes
-  assert server.env_steps == 0 and server.eval_env_steps > 0  # evaluation only
+  assert server.acting.env_steps(Mode.TRAIN) == 0 and server.acting.env_steps(Mode.EVAL) > 0  # evaluation only
 
 
 def test_invalid_request_is_not_retried():

@@ -13,9 +13,11 @@ from concurrent import futures
 import dm_env
 import numpy as np
 
-from seedacme import envs, protocol
-from seedacme.actor import EnvActor
-from seedacme.envs.batched import BatchedEnv
+from seedacme import envs
+
+from seedacme.wire import protocol
+from seedacme.actor.env_actor import EnvActor
+from seedacme.actor.engines import BatchedEnv
 
 FIRST, MID, LAST = (int(dm_env.StepType.FIRST), int(dm_env.StepType.MID),
                     int(dm_env.StepType.LAST))

@@ -14,14 +14,17 @@ import pytest
 import reverb
 import tensorflow as tf
 
-from seedacme.accounting import Mode
 from seedacme import envs
-from seedacme.actor import EnvActor
-from seedacme.actor_side_inference import (POLICY_VARIABLES, ActingReports,
-                                           ActorSideInference, check_report)
+from seedacme.actor.actor_side import ActorSideInference
+from seedacme.actor.env_actor import EnvActor
 from seedacme.agents import registry
 from seedacme.config import ProgramConfig
-from seedacme.protocol import InvalidRequestError
+from seedacme.nodes.central import CentralNode
+from seedacme.nodes.report_intake import ReportIntake
+from seedacme.run.accounting import ActingLog
+from seedacme.types import Mode
+from seedacme.wire.protocol import InvalidRequestError
+from seedacme.wire.reports import POLICY_VARIABLES, check_report
 
 
 class _Central:
@@ -60,23 +63,27 @@ def _setup():
   server.stop()
 
 
-def _actor_side(setup, first_env_id, greedy=False):
+def _actor_side(setup, first_env_id, mode=Mode.TRAIN):
+  """The actor's inference and the acting log it reports from (the actor feeds it)."""
   builder, spec, config, server, central = setup
-  return ActorSideInference(cloudpickle.dumps((builder, spec, config)),
-                            f'localhost:{server.port}', central, first_env_id,
-                            config.envs_per_actor, greedy, threading.Event(),
-                            report_interval_s=0.0)
+  acting = ActingLog(reporting=True)
+  inference = ActorSideInference(cloudpickle.dumps((builder, spec, config)),
+                                 f'localhost:{server.port}', central, first_env_id,
+                                 config.envs_per_actor, mode, acting, threading.Event(),
+                                 report_interval_s=0.0)
+  return inference, acting
 
 
 def test_actor_acts_with_learner_parameters_and_writes_unrolls(setup):
   builder, spec, config, server, central = setup
-  inference = _actor_side(setup, first_env_id=4)  # the second actor
+  inference, acting = _actor_side(setup, first_env_id=4)  # the second actor
   try:
-    for mine, theirs in zip(inference._variables, central.network.variables):
+    for mine, theirs in zip(inference.variables, central.network.variables):
       np.testing.assert_allclose(mine.numpy(), theirs.numpy())  # fetched at start
     fetched = central.variable_calls
     actor = EnvActor(inference, envs.make_factory('catch'), actor_id=1, num_envs=4,
-                     first_env_id=4, max_steps=60, stop_event=threading.Event())
+                     first_env_id=4, max_steps=60, acting=acting,
+                     stop_event=threading.Event())
     actor.run()
     # Every `variable_update_period` (10) calls the VariableClient fetches again.
     assert central.variable_calls >= fetched + 4
@@ -95,10 +102,10 @@ def test_actor_acts_with_learner_parameters_and_writes_unrolls(setup):
 
 def test_evaluator_writes_nothing_and_reports_eval_episodes(setup):
   builder, _, _, server, central = setup
-  inference = _actor_side(setup, first_env_id=8, greedy=True)
+  inference, acting = _actor_side(setup, first_env_id=8, mode=Mode.EVAL)
   try:
     EnvActor(inference, envs.make_factory('catch'), actor_id=0, num_envs=4,
-             first_env_id=8, greedy=True, max_steps=25,
+             first_env_id=8, mode=Mode.EVAL, max_steps=25, acting=acting,
              stop_event=threading.Event()).run()
     report = inference.take_report()
     reports = central.reports + [report]
@@ -121,21 +128,47 @@ def _report(**overrides):
   return report
 
 
-def test_acting_reports_sum_what_actors_send():
-  acting = ActingReports(envs_per_actor=16)
-  acting.report(_report())
-  acting.report(_report(source=16, env_steps=50, batches=1, units=16, mean_latency_ms=7.0,
+def test_report_intake_sums_what_actors_send():
+  log = ActingLog()
+  intake = ReportIntake(log, envs_per_actor=16)
+  intake.report(_report())
+  intake.report(_report(source=16, env_steps=50, batches=1, units=16, mean_latency_ms=7.0,
                         p99_latency_ms=9.0, eval_episodes=np.array([[1.0], [9]])))
-  assert acting.env_steps == 150 and acting.eval_env_steps == 20
-  assert acting.acting.summary(Mode.TRAIN)['episodes'] == 4
-  assert acting.acting.summary(Mode.TRAIN)['average_return'] == 0.0
-  assert acting.acting.summary(Mode.EVAL)['episodes'] == 1
-  stats = acting.batch_stats(reset=True)
+  assert log.env_steps(Mode.TRAIN) == 150 and log.env_steps(Mode.EVAL) == 20
+  assert log.summary(Mode.TRAIN)['episodes'] == 4
+  assert log.summary(Mode.TRAIN)['average_return'] == 0.0
+  assert log.summary(Mode.EVAL)['episodes'] == 1
+  stats = intake.batch_stats(reset=True)
   assert stats.batches == 5 and stats.units == 80
   assert stats.mean_latency_ms == pytest.approx((4 * 2.0 + 7.0) / 5)
   assert stats.p99_latency_ms == 9.0
-  assert acting.batch_stats().batches == 0  # reset
-  assert acting.trajectory_stats() == {'items_written': 10}
+  assert intake.batch_stats().batches == 0  # reset
+  assert intake.trajectory_stats() == {'items_written': 10}
+
+
+def test_an_actors_reports_are_deltas_of_its_acting_log():
+  log = ActingLog(reporting=True)
+  log.add_steps(Mode.TRAIN, 7)
+  log.add_episodes(Mode.TRAIN, envs_episodes([2.0, 4.0]))
+  first = log.take_report()
+  assert first.env_steps == {Mode.TRAIN: 7, Mode.EVAL: 0}
+  assert first.episodes[Mode.TRAIN].returns.tolist() == [2.0, 4.0]
+  log.add_steps(Mode.TRAIN, 3)
+  log.add_episodes(Mode.TRAIN, envs_episodes([5.0]))
+  second = log.take_report()
+  assert second.env_steps[Mode.TRAIN] == 3
+  assert second.episodes[Mode.TRAIN].returns.tolist() == [5.0]
+  assert log.take_report().env_steps[Mode.TRAIN] == 0  # nothing new
+  # The log's own totals are unchanged by reporting: the actor's account stays whole.
+  assert log.env_steps(Mode.TRAIN) == 10 and log.episodes(Mode.TRAIN) == 3
+  with pytest.raises(RuntimeError, match='reporting=True'):
+    ActingLog().take_report()
+
+
+def envs_episodes(returns):
+  from seedacme.types import Episodes  # pylint: disable=g-import-not-at-top
+  returns = np.asarray(returns, np.float64)
+  return Episodes(np.arange(len(returns)), returns, np.full(len(returns), 5))
 
 
 @pytest.mark.parametrize('report, message', [
@@ -144,27 +177,36 @@ def test_acting_reports_sum_what_actors_send():
     (_report(train_episodes=np.zeros(3)), 'train_episodes must have shape'),
 ])
 def test_malformed_reports_are_refused_by_name(report, message):
-  acting = ActingReports(envs_per_actor=4)
+  log = ActingLog()
+  intake = ReportIntake(log, envs_per_actor=4)
   with pytest.raises(InvalidRequestError, match=message):
-    acting.report(report)
-  assert acting.env_steps == 0
+    intake.report(report)
+  assert log.env_steps(Mode.TRAIN) == 0
   check_report(_report())  # a good one passes
 
 
-def test_central_node_of_actor_side_program_serves_no_steps():
-  acting = ActingReports(envs_per_actor=4)
-  with pytest.raises(InvalidRequestError, match="inference='actor'"):
-    acting.step({})
-  acting.shutdown()
-  assert 'shutting_down' in acting.step({})
+def test_central_node_of_actor_side_program_serves_no_steps(setup, tmp_path):
+  builder, spec, config, server, _ = setup
+  config.logdir = str(tmp_path)
+  node = CentralNode(builder, spec, config, reverb.Client(f'localhost:{server.port}'),
+                     stop_event=threading.Event())
+  try:
+    assert node.server is None and node.intake is not None
+    with pytest.raises(InvalidRequestError, match="inference='actor'"):
+      node.step({})
+    node.report_acting(_report())
+    assert node.acting.env_steps(Mode.TRAIN) == 100
+  finally:
+    node.shutdown()
+  assert 'shutting_down' in node.step({})
 
 
 def test_actor_with_ids_outside_the_program_fails_at_once(setup):
   """A wrong request is the actor's own bug: no retrying against its own server."""
-  inference = _actor_side(setup, first_env_id=8, greedy=True)
+  inference, _ = _actor_side(setup, first_env_id=8, mode=Mode.EVAL)
   try:
     actor = EnvActor(inference, envs.make_factory('catch'), actor_id=0, num_envs=4,
-                     first_env_id=10, greedy=True, max_steps=5,
+                     first_env_id=10, mode=Mode.EVAL, max_steps=5,
                      stop_event=threading.Event())
     with pytest.raises(InvalidRequestError, match='unknown'):
       actor.run()

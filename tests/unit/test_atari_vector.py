@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from seedacme import envs
-from seedacme.accounting import EpisodeTracker
+from seedacme.run.accounting import EpisodeTracker
 from seedacme.envs import atari_vector
 from seedacme.envs.atari_vector import AtariVectorEnv, AtariVectorHalves
-from seedacme.envs.batched import BatchedEnv
-from seedacme.envs.registry import AtariFactory, make_engine
+from seedacme.actor.engines import BatchedEnv
+from seedacme.actor.engines import make_engine
+from seedacme.envs.registry import AtariFactory
 
 FIRST, MID, LAST = (int(dm_env.StepType.FIRST), int(dm_env.StepType.MID),
                     int(dm_env.StepType.LAST))

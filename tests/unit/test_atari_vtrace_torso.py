@@ -20,7 +20,7 @@ import tensorflow as tf
 from seedacme.agents import registry
 from seedacme.agents.vtrace.learning import VTraceLearner
 from seedacme.agents.vtrace.networks import make_network
-from seedacme.probes import conv_alive, random_play_unrolls
+from tests.unit.pong_unrolls import conv_alive, random_play_unrolls
 
 
 @pytest.mark.timeout(300)

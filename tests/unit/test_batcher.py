@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from seedacme.batcher import BatcherClosedError, RequestBatcher
+from seedacme.serving.batcher import BatcherClosedError, RequestBatcher
 
 
 def _run_callers(batcher, items, sizes=None):

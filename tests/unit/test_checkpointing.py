@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from seedacme.agents import r2d2, vtrace
-from seedacme.checkpointing import Checkpointer, export_policy
-from seedacme.envs.registry import EnvSpec
+from seedacme.learner.checkpointing import Checkpointer, export_policy
+from seedacme.types import EnvSpec
 
 SPEC = EnvSpec((4,), 'float32', 3)
 

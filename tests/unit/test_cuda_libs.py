@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from seedacme import cuda_libs
+from seedacme.runtime import cuda_libs
 
 
 def _small_real_library() -> str:
@@ -56,7 +56,8 @@ def test_every_library_tensorflow_needs_is_loaded_by_full_path_in_order(tmp_path
   env = dict(os.environ, XLA_FLAGS='--xla_dump_to=/tmp/x')
   got = _run(f'''
 import json, os
-from seedacme import cuda_libs
+from seedacme.runtime import cuda_libs
+
 first = cuda_libs.preload([{site!r}])
 again = cuda_libs.preload([{site!r}])
 maps = sorted({{line.split()[-1] for line in open('/proc/self/maps') if {site!r} in line}})
@@ -76,7 +77,9 @@ def test_a_later_dlopen_by_soname_finds_the_preloaded_library(tmp_path):
   site = _fake_site(tmp_path, [('quadmath', soname)], source)
   got = _run(f'''
 import ctypes, json, os
-from seedacme import cuda_libs
+from seedacme.runtime import cuda_libs
+
+
 def dlopen():
   try:
     ctypes.CDLL({soname!r}, mode=os.RTLD_NOW | os.RTLD_LOCAL)
@@ -94,7 +97,7 @@ print(json.dumps(dict(before=before, loaded=loaded, after=dlopen())))
 def test_the_central_child_process_starts_without_tensorflow(tmp_path):
   # serve_central preloads first thing; that is early enough only if the supervised
   # child's own start (imports, unpickling its target) has not imported TensorFlow.
-  from seedacme.supervisor import Supervisor  # pylint: disable=g-import-not-at-top
+  from seedacme.runtime.supervisor import Supervisor  # pylint: disable=g-import-not-at-top
   report = str(tmp_path / 'modules.json')
 
   def target(stop_event):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from seedacme import devices
+from seedacme.runtime import devices
 
 
 def test_asked_for_a_gpu_and_tensorflow_sees_none_is_refused_by_name():
@@ -25,11 +25,11 @@ def test_the_device_kind_must_match_what_was_asked_for():
 def test_a_supervised_central_node_without_its_accelerator_stops_instead_of_restarting():
   import threading  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  from seedacme.supervisor import Supervisor  # pylint: disable=g-import-not-at-top
+  from seedacme.runtime.supervisor import Supervisor  # pylint: disable=g-import-not-at-top
 
   def central_without_gpu(stop_event):
     del stop_event
-    from seedacme import devices as d  # pylint: disable=g-import-not-at-top,reimported
+    from seedacme.runtime import devices as d  # pylint: disable=g-import-not-at-top,reimported
     d.compute_device('V100', list_devices=lambda: ['CPU'])
 
   supervisor = Supervisor(central_without_gpu, {}, 'learner', stop_event=threading.Event())

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from seedacme import envs
-from seedacme.accounting import EpisodeTracker
-from seedacme.envs.batched import BatchedEnv
+from seedacme.run.accounting import EpisodeTracker
+from seedacme.actor.engines import BatchedEnv
 from seedacme.envs.gym_adapter import GymnasiumEnv
 
 

@@ -7,12 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from seedacme.accounting import Mode
-from seedacme.envs.registry import EnvSpec
-from seedacme.inference import InferenceServer
-from seedacme.policy import PolicyStep, ServerPolicy
-from seedacme.protocol import InvalidRequestError, make_request
-from seedacme.trajectories import SequenceAssembler
+from seedacme.types import Mode
+from seedacme.types import EnvSpec
+from seedacme.run.accounting import ActingLog
+from seedacme.serving.server import InferenceServer
+from seedacme.serving.policy import PolicyStep, ServerPolicy
+from seedacme.wire.protocol import InvalidRequestError, make_request
+from seedacme.trajectories.assembler import SequenceAssembler
 
 SPEC = EnvSpec(observation_shape=(2,), observation_dtype='float32', num_actions=5)
 
@@ -28,22 +29,22 @@ class StepCountingPolicy(ServerPolicy):
     self.batch_sizes = []
     self._count = np.zeros((num_envs, 1), np.int64)
 
-  def step(self, env_ids, observation, reset, greedy):
+  def step(self, env_ids, observation, reset, eval_mask):
     self.batch_sizes.append(len(observation))
     self._count[env_ids[reset]] = 0
     count = self._count[env_ids, 0].copy()
     self._count[env_ids] += 1
-    action = np.where(greedy, 4 - count % 5, count % 5).astype(np.int32)
+    action = np.where(eval_mask, 4 - count % 5, count % 5).astype(np.int32)
     return PolicyStep(action, {'count': count}, (count[:, None],))
 
   def state_of(self, env_ids):
     return (self._count[env_ids].copy(),)
 
 
-def _request(env_ids, run_id, step_type, greedy=False, reward=0.0, obs=0.0):
+def _request(env_ids, run_id, step_type, mode=Mode.TRAIN, reward=0.0, obs=0.0):
   k = len(env_ids)
   return make_request(env_ids, np.full(k, run_id), np.full((k, 2), obs, np.float32),
-                      np.full(k, reward), np.ones(k), np.full(k, step_type), greedy)
+                      np.full(k, reward), np.ones(k), np.full(k, step_type), mode)
 
 
 @contextlib.contextmanager
@@ -51,6 +52,7 @@ def _serving(num_envs=4, sink=None, policy=None, **kwargs):
   """An InferenceServer (over a `StepCountingPolicy` unless `policy`), closed after."""
   kwargs.setdefault('max_batch_envs', 2)
   kwargs.setdefault('batch_timeout_s', 0.001)
+  kwargs.setdefault('acting', ActingLog())  # the central node's account
   server = InferenceServer(policy or StepCountingPolicy(num_envs), SPEC, num_envs, sink,
                            **kwargs)
   try:
@@ -98,10 +100,10 @@ def test_episode_returns_and_greedy_envs_are_kept_apart():
   with _serving(sink=sink) as server:
     for st, reward in ((0, 0.0), (1, 1.0), (2, 2.0)):
       server.step(_request([0], 1, st, reward=reward))
-      server.step(_request([3], 2, st, greedy=True, reward=10 * reward))
+      server.step(_request([3], 2, st, mode=Mode.EVAL, reward=10 * reward))
     assert server.acting.summary(Mode.TRAIN)['average_return'] == 3.0
     assert server.acting.summary(Mode.EVAL)['average_return'] == 30.0
-    assert server.env_steps == 3 and server.eval_env_steps == 3
+    assert server.acting.env_steps(Mode.TRAIN) == 3 and server.acting.env_steps(Mode.EVAL) == 3
     # Greedy (evaluation) envs never reach the trajectories.
     assert all((o['observation'] == 0).all() for o in out)
     assert sum(len(o['action']) for o in out) == 2
@@ -147,8 +149,9 @@ def test_bad_request_fails_only_its_caller_while_batch_is_served():
 def test_batch_fill_counts_every_env_and_never_exceeds_one():
   # 4 training envs and 2 evaluation envs in one batch: 6 of 6, not 6 of 4.
   with _serving(num_envs=6, max_batch_envs=6, batch_timeout_s=10.0) as server:
-    threads = [threading.Thread(target=server.step, args=(_request(ids, 1, 0, greedy=g),))
-               for ids, g in (([0, 1], False), ([2, 3], False), ([4, 5], True))]
+    threads = [threading.Thread(target=server.step, args=(_request(ids, 1, 0, mode=m),))
+               for ids, m in (([0, 1], Mode.TRAIN), ([2, 3], Mode.TRAIN),
+                              ([4, 5], Mode.EVAL))]
     for t in threads:
       t.start()
     for t in threads:
@@ -178,7 +181,6 @@ def test_policy_runs_once_per_batch_across_callers():
 def test_vtrace_lstm_policy_keeps_recurrent_state_on_server():
   import tensorflow as tf  # noqa: F401  (real network, real variables)
   from seedacme.agents import vtrace
-
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core='lstm', lstm_size=8))
   network = builder.make_networks(SPEC)
   policy = builder.make_policy(network, SPEC, num_train_envs=4, num_envs=4)

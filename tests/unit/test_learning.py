@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import reverb
 
-from seedacme.accounting import Mode
+from seedacme.types import Mode
 from seedacme import envs
 from seedacme.agents import vtrace
-from seedacme.central import CentralNode
+from seedacme.nodes.central import CentralNode
 from seedacme.config import ProgramConfig
-from seedacme.envs.batched import BatchedEnv
-from seedacme.protocol import make_request
+from seedacme.actor.engines import BatchedEnv
+from seedacme.wire.protocol import make_request
 
 
 class _Actor(threading.Thread):
@@ -115,11 +115,11 @@ def test_full_queue_blocks_inference_until_the_learner_samples(
   # A replay node that answers late (still starting, as under CI's load) lets the
   # writer's queue fill first, so its first stream flush carries a full batch of 32
   # items: more than the learner's first step frees. That case stalled this test once.
-  from seedacme import trajectories  # pylint: disable=g-import-not-at-top
-  reachable = trajectories.ReverbSequenceWriter._server_reachable
+  from seedacme.trajectories.writer import ReverbSequenceWriter  # pylint: disable=g-import-not-at-top
+  reachable = ReverbSequenceWriter.server_reachable
   started = time.monotonic()
   monkeypatch.setattr(
-      trajectories.ReverbSequenceWriter, '_server_reachable',
+      ReverbSequenceWriter, 'server_reachable',
       lambda self, timeout_s=2: (time.monotonic() - started >= replay_answers_after_s
                                  and reachable(self, timeout_s)))
   cfg = vtrace.VTraceConfig(unroll_length=2, batch_size=4, queue_size=4)

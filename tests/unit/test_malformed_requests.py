@@ -10,17 +10,17 @@ import pytest
 from launchpad.nodes.courier import courier_utils
 
 from seedacme import envs
-from seedacme.protocol import SERVER_ERROR_MARKER, InvalidRequestError, as_refusal
-from seedacme.inference import InferenceServer
-from seedacme.policy import PolicyStep, StatelessPolicy
-from seedacme.protocol import make_request
+from seedacme.wire.protocol import SERVER_ERROR_MARKER, InvalidRequestError, as_refusal
+from seedacme.serving.server import InferenceServer
+from seedacme.serving.policy import PolicyStep, StatelessPolicy
+from seedacme.wire.protocol import make_request
 
 SPEC = envs.EnvSpec((3, 2), 'float32', 4)
 NUM_ENVS = 16
 
 
 class _ArgmaxObsPolicy(StatelessPolicy):
-  def act(self, observation, greedy, env_ids):
+  def act(self, observation, eval_mask, env_ids):
     return PolicyStep(observation.reshape(len(observation), -1)[:, :4].argmax(-1)
                       .astype(np.int32), {}, ())
 

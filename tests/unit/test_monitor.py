@@ -1,23 +1,24 @@
 """The run monitor: typed stop reasons, budgets and targets, and the summary it writes."""
 
 import os
+import time
 
 import pytest
 
-from seedacme.accounting import ActingLog, Episodes, Mode
-from seedacme.batcher import BatcherStats
-from seedacme.config import ProgramConfig
-from seedacme.logdir import read_progress, read_summary
-from seedacme.monitor import RunMonitor, StopKind, StopReason
+from seedacme.run.accounting import ActingLog
 
+from seedacme.types import Episodes, Mode
+from seedacme.serving.batcher import BatcherStats
+from seedacme.config import ProgramConfig
+from seedacme.run.logdir import read_progress, read_summary
+from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 import numpy as np
 
 
-class _Acting:
-  """An `ActingSource` with fixed batch statistics."""
+class _Serving:
+  """A `ServingStats` with fixed batch statistics per interval."""
 
   def __init__(self):
-    self.acting = ActingLog()
     self.batch_capacity = 8
     self.actor_restarts = self.requests_refused = 0
 
@@ -33,8 +34,8 @@ class _Acting:
 def _monitor(tmp_path, **config):
   config = ProgramConfig(num_actors=1, envs_per_actor=8, logdir=str(tmp_path),
                          **{'max_seconds': None, **config})
-  source = _Acting()
-  return RunMonitor(config, source), source.acting
+  acting = ActingLog()
+  return RunMonitor(config, acting, _Serving()), acting
 
 
 def _episodes(returns):
@@ -96,3 +97,40 @@ def test_stop_without_a_budget_is_not_a_budget():
   assert StopReason(StopKind.STOP_REQUESTED).sentence() == 'stop requested'
   assert not StopReason(StopKind.LEARNER_FAILED).is_budget
   assert StopReason(StopKind.TIME, 90.2, 90.0).sentence() == 'reached the time budget of 90s'
+
+
+@pytest.mark.timeout(60)
+def test_the_summary_covers_the_steady_window_not_the_last_interval(tmp_path, monkeypatch):
+  """Rates from the first to the last progress record, batch stats over every interval
+  (each record resets the interval's): not the shutdown window's."""
+  clock = [100.0]
+  monkeypatch.setattr(time, 'monotonic', lambda: clock[0])
+  monitor, acting = _monitor(tmp_path)
+  clock[0] += 30.0  # start-up: imports, compiling; few steps
+  acting.add_steps(Mode.TRAIN, 10)
+  monitor.report(0, {})  # the first record starts the steady window
+  for _ in range(4):  # 4 intervals of 5 s at 1,000 env steps/s and 2 learner steps/s
+    clock[0] += 5.0
+    acting.add_steps(Mode.TRAIN, 5000)
+    monitor.report(monitor.last_record['learner_steps'] + 10, {})
+  clock[0] += 2.0  # shutdown: a slow window with a few steps
+  acting.add_steps(Mode.TRAIN, 20)
+  final = monitor.summarize(40, {}, StopReason(StopKind.STOP_REQUESTED), None)
+  assert final['env_steps'] == 20030
+  assert final['env_steps_per_s'] == pytest.approx(1000.0)
+  assert final['learner_steps_per_s'] == pytest.approx(2.0)
+  assert final['steady_window_s'] == pytest.approx(20.0)
+  # 5 records + the summary's own read, 2 batches of 4 units each.
+  assert final['inference_batches'] == 12 and final['batch_fill'] == 0.5
+  assert read_summary(str(tmp_path))['env_steps_per_s'] == pytest.approx(1000.0)
+
+
+@pytest.mark.timeout(60)
+def test_one_definition_of_the_learner_budget(tmp_path):
+  monitor, _ = _monitor(tmp_path, max_learner_steps=5)
+  assert monitor.learner_budget(4) is None
+  assert monitor.learner_budget(5) == StopReason(StopKind.LEARNER_STEPS, 5, 5)
+  assert monitor.stop_reason({'env_steps': 0, 'elapsed_s': 0.0}, 5) == \
+      monitor.learner_budget(5)
+  unlimited, _ = _monitor(tmp_path)
+  assert unlimited.learner_budget(10**9) is None

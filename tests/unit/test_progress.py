@@ -4,8 +4,8 @@ import glob
 import json
 import os
 
-from seedacme.curves import full_windows, read_progress, write_curves
-from seedacme.progress import ProgressWriter, format_line
+from seedacme.run.curves import full_windows, read_progress, write_curves
+from seedacme.run.progress import ProgressWriter, format_line
 
 
 def test_records_events_summary_and_curves(tmp_path):
@@ -52,7 +52,7 @@ def test_a_remote_logdir_gets_progress_curves_and_checkpoints_through_gfile():
   # `ram://` is TensorFlow's in-memory file system: the same `tf.io.gfile` layer a
   # `gs://` logdir goes through on Vertex AI, without a bucket.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from seedacme.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
+  from seedacme.learner.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
   logdir = 'ram://seedacme_test_remote_logdir'
   writer = ProgressWriter(logdir)
   for i in range(3):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from seedacme.envs.registry import EnvSpec
-from seedacme.protocol import InvalidRequestError, make_request, validate_request
+from seedacme.types import Mode, EnvSpec
+from seedacme.wire.protocol import InvalidRequestError, make_request, validate_request
 
 SPEC = EnvSpec(observation_shape=(3, 2), observation_dtype='float32', num_actions=3)
 
@@ -29,7 +29,9 @@ def test_good_request_is_canonicalised():
   np.testing.assert_array_equal(r.env_ids, np.arange(4))
   np.testing.assert_array_equal(r.run_ids, np.full(4, 7))
   np.testing.assert_array_equal(r.step_type, np.ones(4))
-  assert not r.greedy
+  assert r.mode is Mode.TRAIN  # the default
+  assert validate_request({**_good(), 'mode': 'eval'}, SPEC, num_envs=8,
+                          max_request_envs=6).mode is Mode.EVAL
 
 
 def test_run_ids_keep_all_63_bits():
@@ -65,7 +67,8 @@ def _nan_obs():
     (lambda: _good(step_type=np.array([0, 1, 0.5, 2])), 'step_type values must be 0'),
     (lambda: {k: v for k, v in _good().items() if k != 'transition'}, r"missing fields \['transition'\]"),
     (lambda: {**_good(), 'extra': 1}, r"unknown fields \['extra'\]"),
-    (lambda: {**_good(), 'greedy': 'yes'}, 'greedy must be a bool'),
+    (lambda: {**_good(), 'mode': 'greedy'}, r"mode must be one of \['eval', 'train'\], got 'greedy'"),
+    (lambda: {**_good(), 'mode': True}, 'mode must be one of'),
 ])
 def test_malformed_requests_are_named(request_fn, pattern):
   _check(request_fn(), pattern)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from seedacme.agents.r2d2 import acting, losses, priorities
-from seedacme.envs.registry import EnvSpec
+from seedacme.types import EnvSpec
 
 
 def ref_h(x, eps=1e-3):

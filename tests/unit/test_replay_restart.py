@@ -16,17 +16,18 @@ _SERVER = '''
 import sys, threading
 import reverb, tensorflow as tf
 from absl import logging
-from seedacme import supervisor
+from seedacme.nodes.replay import serve_replay
+
 logging.set_verbosity(logging.INFO)  # as the supervised child sets it
 port, ckdir = int(sys.argv[1]), sys.argv[2]
 tables = lambda: [reverb.Table.queue('q', 1000, signature={'x': tf.TensorSpec((3,), tf.float32)})]
-supervisor.serve_replay(threading.Event(), port, tables, ckdir, grace_s=0.0,
-                        checkpoint_interval_s=0.5)
+serve_replay(threading.Event(), port, tables, ckdir, grace_s=0.0,
+             checkpoint_interval_s=0.5)
 '''
 
 
 class _Server:
-  """`supervisor.serve_replay` in a subprocess, as the replay node's child runs it."""
+  """`serve_replay` in a subprocess, as the replay node's child runs it."""
 
   def __init__(self, port, checkpoint_dir, log_path):
     self._log = open(log_path, 'a')
@@ -42,8 +43,8 @@ class _Server:
 @pytest.mark.timeout(120)
 def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path, wait_until):
   import reverb  # pylint: disable=g-import-not-at-top
-  from seedacme.datasets import ReverbBatches  # pylint: disable=g-import-not-at-top
-  from seedacme.trajectories import ReverbSequenceWriter  # pylint: disable=g-import-not-at-top
+  from seedacme.trajectories.datasets import ReverbBatches  # pylint: disable=g-import-not-at-top
+  from seedacme.trajectories.writer import ReverbSequenceWriter  # pylint: disable=g-import-not-at-top
 
   port = portpicker.pick_unused_port()
   checkpoint_dir = str(tmp_path / 'checkpoints')

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from seedacme.supervisor import Supervisor
+from seedacme.runtime.supervisor import Supervisor
 
 
 def _targets():

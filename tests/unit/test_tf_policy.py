@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from seedacme.agents import r2d2, vtrace
-from seedacme.envs.registry import EnvSpec
-from seedacme.inference import InferenceServer
-from seedacme.protocol import make_request
-from seedacme.tf_policy import bucket_sizes
+from seedacme.types import EnvSpec
+from seedacme.serving.server import InferenceServer
+from seedacme.wire.protocol import make_request
+from seedacme.serving.tf_policy import bucket_sizes
 
 SPEC = EnvSpec(observation_shape=(3,), observation_dtype='float32', num_actions=4)
 NUM_ENVS = 10

@@ -4,7 +4,7 @@ Reverb writer behind it reports when queued sequences have landed."""
 import numpy as np
 import pytest
 
-from seedacme.trajectories import SequenceAssembler
+from seedacme.trajectories.assembler import SequenceAssembler
 
 
 def _step(env_ids, t, step_type=None):
@@ -72,7 +72,7 @@ def test_invalid_period():
 def test_writer_reports_when_every_queued_sequence_is_in_reverb():
   import reverb
 
-  from seedacme.trajectories import ReverbSequenceWriter, WriterClosedError
+  from seedacme.trajectories.writer import ReverbSequenceWriter, WriterClosedError
   table = reverb.Table.queue('q', max_size=100)
   server = reverb.Server([table], port=None)
   try:

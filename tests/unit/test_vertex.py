@@ -98,7 +98,7 @@ def test_accelerator_choices(capsys, accelerator):
 
 
 def test_the_gpu_requirements_pin_every_library_tensorflow_loads():
-  from seedacme import cuda_libs  # pylint: disable=g-import-not-at-top
+  from seedacme.runtime import cuda_libs  # pylint: disable=g-import-not-at-top
   with open(vertex.GPU_REQUIREMENTS) as f:
     pins = [line.split('==') for line in f if line.strip() and not line.startswith('#')]
   assert all(len(pin) == 2 and pin[0].endswith('-cu11') for pin in pins), pins
@@ -112,7 +112,7 @@ def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, monkeypatc
   # the one requirements.txt each image installs.
   if os.environ.get('SEEDACME_REQUIRE_VERTEX') != '1':
     pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
-  from seedacme import program as program_lib  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
   from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
   from seedacme.launchers.program_flags import make_program_inputs  # pylint: disable=g-import-not-at-top
   # Launchpad draws temp dirs until a path has no '_': the parent must have none either

@@ -16,7 +16,7 @@ from seedacme.agents import registry
 from seedacme.agents.vtrace import VTraceConfig, optimizers
 from seedacme.agents.vtrace.learning import VTraceLearner
 from seedacme.agents.vtrace.networks import make_network
-from seedacme.probes import random_play_unrolls
+from tests.unit.pong_unrolls import random_play_unrolls
 
 
 def _numpy_rmsprop(w, grads, lr, decay, momentum, eps, ms0):

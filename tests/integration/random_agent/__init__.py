@@ -15,8 +15,8 @@ import numpy as np
 
 from seedacme import builder as builder_lib
 from seedacme.agents import registry
-from seedacme.envs.registry import EnvSpec
-from seedacme.policy import PolicyStep, StatelessPolicy
+from seedacme.types import EnvSpec
+from seedacme.serving.policy import PolicyStep, StatelessPolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +33,8 @@ class RandomPolicy(StatelessPolicy):
     self._num_actions = num_actions
     self._rng = np.random.default_rng(seed)
 
-  def act(self, observation, greedy, env_ids) -> PolicyStep:
-    del observation, greedy
+  def act(self, observation, eval_mask, env_ids) -> PolicyStep:
+    del observation, eval_mask
     return PolicyStep(self._rng.integers(self._num_actions, size=len(env_ids),
                                          dtype=np.int32), {}, ())
 

@@ -1,17 +1,4 @@
-"""Trajectories assembled on the server, and their way into Reverb.
-
-The inference server sees every env's steps in order. `SequenceAssembler` keeps a
-per-env buffer (keyed by global env id) and emits fixed-length sequences:
-
-* V-trace unrolls: `length = T + 1`, `period = T` -- consecutive unrolls share one step,
-  the bootstrap step of one is the first step of the next.
-* R2D2 sequences: `length = burn_in + trace`, `period` < length -- overlapping windows.
-
-Sequences run straight across episode boundaries (LAST followed by FIRST); the loss
-masks the step that crosses. `reset(env_ids)` drops a partial buffer, which the server
-does when an actor restarts (new run id).
-
-`ReverbSequenceWriter` moves completed sequences to a Reverb table on a background
+"""`ReverbSequenceWriter` moves completed sequences to a Reverb table on a background
 thread through a bounded queue: when the table's rate limiter blocks (the learner is
 behind), the queue fills and `write` blocks the inference thread, so actors wait
 instead of memory growing. When the Reverb server goes away (the replay node crashed
@@ -34,78 +21,13 @@ import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
-import numpy as np
 import tree
 
-from seedacme.lifecycle import ShutdownError
+from seedacme.runtime.lifecycle import ShutdownError
+from seedacme.types import Nest
 
-Nest = Any
 # Batch of sequences `[N, length, ...]` -> N (priority, Reverb item) pairs.
 ToItems = Callable[[Nest], Sequence[Tuple[float, Dict[str, Any]]]]
-
-
-class SequenceAssembler:
-  """Per-env step buffers that emit fixed-length, possibly overlapping sequences."""
-
-  def __init__(self, num_envs: int, length: int, period: int,
-               on_sequences: Callable[[Nest], None]):
-    """Creates the assembler.
-
-    Args:
-      num_envs: number of global env ids.
-      length: steps per emitted sequence.
-      period: steps between the starts of consecutive sequences of one env
-        (1 <= period <= length).
-      on_sequences: called with a nest of arrays `[N, length, ...]` (N completed
-        sequences, leading dims env then time) whenever sequences complete.
-    """
-    if not 1 <= period <= length:
-      raise ValueError(f'need 1 <= period <= length, got period={period}, length={length}')
-    self._num_envs = num_envs
-    self._length = length
-    self._period = period
-    self._on_sequences = on_sequences
-    self._structure = None
-    self._buffers: List[np.ndarray] = []
-    self._count = np.zeros(num_envs, np.int64)
-    self.sequences_emitted = 0
-
-  def _allocate(self, step: Nest) -> None:
-    self._structure = step
-    self._buffers = [
-        np.zeros((self._num_envs, self._length) + leaf.shape[1:], leaf.dtype)
-        for leaf in tree.flatten(step)]
-
-  def reset(self, env_ids: Sequence[int]) -> None:
-    """Drops the partial sequences of these envs."""
-    self._count[np.asarray(env_ids, np.int64)] = 0
-
-  def add(self, env_ids: np.ndarray, step: Nest) -> int:
-    """Appends one step for each env in `env_ids` (leaves `[B, ...]`).
-
-    Returns:
-      The number of sequences completed by this step (already handed on).
-    """
-    env_ids = np.asarray(env_ids, np.int64)
-    if self._structure is None:
-      self._allocate(step)
-    leaves = tree.flatten(step)
-    pos = self._count[env_ids]
-    for buf, leaf in zip(self._buffers, leaves):
-      buf[env_ids, pos] = leaf
-    self._count[env_ids] = pos + 1
-    done = env_ids[self._count[env_ids] == self._length]
-    if done.size == 0:
-      return 0
-    out = [buf[done] for buf in self._buffers]  # fancy indexing copies
-    keep = self._length - self._period
-    if keep:
-      for buf in self._buffers:
-        buf[done, :keep] = buf[done, self._period:]
-    self._count[done] = keep
-    self.sequences_emitted += int(done.size)
-    self._on_sequences(tree.unflatten_as(self._structure, out))
-    return int(done.size)
 
 
 def _is_connection_error(error: BaseException) -> bool:
@@ -187,7 +109,7 @@ class ReverbSequenceWriter:
 
   def _loop(self) -> None:
     # The replay node may still be starting: wait quietly for its first answer.
-    while not self._closed.is_set() and not self._server_reachable():
+    while not self._closed.is_set() and not self.server_reachable():
       self._closed.wait(0.5)
     while not self._closed.is_set():
       try:
@@ -197,7 +119,7 @@ class ReverbSequenceWriter:
         if self._closed.is_set():
           return
         if not (isinstance(e, ConnectionError) or _is_connection_error(e)
-                or not self._server_reachable()):
+                or not self.server_reachable()):
           logging.exception('Reverb writer for table %r failed', self._table)
           self.error = e
           return
@@ -276,7 +198,8 @@ class ReverbSequenceWriter:
     except ConnectionError as e:
       raise _StreamLost(f'the old stream did not deliver after the server came back: {e}') from e
 
-  def _server_reachable(self, timeout_s: int = 2) -> bool:
+  def server_reachable(self, timeout_s: int = 2) -> bool:
+    """Whether the Reverb server answers `server_info` within `timeout_s`."""
     try:
       self._client.server_info(timeout=timeout_s)
       return True
@@ -294,7 +217,7 @@ class ReverbSequenceWriter:
                     type(error).__name__, str(error).splitlines()[0][:200] if str(error) else '',
                     len(self._in_flight))
     started = time.monotonic()
-    while not self._closed.is_set() and not self._server_reachable():
+    while not self._closed.is_set() and not self.server_reachable():
       self._closed.wait(0.5)
     if not self._closed.is_set():
       logging.info('Reverb server for table %r reachable again after %.1fs', self._table,
@@ -357,35 +280,3 @@ class ReverbSequenceWriter:
   def close(self, timeout_s: float = 5.0) -> None:
     self._closed.set()
     self._thread.join(timeout_s)
-
-
-class ReverbSequenceSink:
-  """`TrajectorySink` that assembles fixed-length sequences and writes them to Reverb."""
-
-  def __init__(self, client, table: str, num_envs: int, length: int, period: int,
-               to_items: ToItems,
-               max_pending: int = 64):
-    self.writer = ReverbSequenceWriter(client, table, to_items,
-                                       max_pending=max_pending)
-    self.assembler = SequenceAssembler(num_envs, length, period, self.writer.write)
-
-  def add(self, env_ids, step) -> None:
-    self.assembler.add(env_ids, step)
-
-  def reset(self, env_ids) -> None:
-    self.assembler.reset(env_ids)
-
-  def stats(self) -> Dict[str, float]:
-    return {'sequences': self.assembler.sequences_emitted,
-            'items_written': self.writer.items_written,
-            'writer_pending': self.writer.pending,
-            'writer_blocked_s': self.writer.blocked_seconds,
-            'items_rewritten': self.writer.items_rewritten,
-            'writer_reconnects': self.writer.reconnects}
-
-  def wait_until_written(self, timeout_s: float = 10.0) -> bool:
-    """Waits until every sequence emitted so far is in Reverb (see the writer's)."""
-    return self.writer.wait_until_written(timeout_s)
-
-  def close(self) -> None:
-    self.writer.close()

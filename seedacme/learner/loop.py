@@ -3,7 +3,8 @@
 Separate from the node's main thread so that progress, checkpoints and budget checks run
 on their own clock (a slow learner step does not delay them) and the main thread stays
 free to run Launchpad's SIGTERM handler while the learner blocks in Reverb. The loop only
-counts steps and keeps the last metrics; whoever owns it decides when to stop.
+counts steps and keeps the last metrics; whoever owns it decides when to stop
+(`should_stop(steps)`, asked before every step: the central node's budgets and finish).
 """
 
 import threading
@@ -12,19 +13,17 @@ from typing import Callable, Dict
 
 from absl import logging
 
-from seedacme.builder import Learner
+from seedacme.learner.base import Learner
 
 
 class LearnerLoop:
-  """Steps `learner` until `stop` is set, `should_stop()` says so, or `max_steps`."""
+  """Steps `learner` until `stop` is set or `should_stop(steps)` says so."""
 
-  def __init__(self, learner: Learner, stop: threading.Event,
-               max_steps: int | None = None, step_delay_s: float = 0.0,
-               should_stop: Callable[[], bool] = lambda: False, steps: int = 0):
+  def __init__(self, learner: Learner, stop: threading.Event, step_delay_s: float = 0.0,
+               should_stop: Callable[[int], bool] = lambda steps: False, steps: int = 0):
     """`steps`: the step count to continue from (a resumed run)."""
     self.learner = learner
     self._stop = stop
-    self._max_steps = max_steps
     self._step_delay_s = step_delay_s
     self._should_stop = should_stop
     self.steps = steps
@@ -32,10 +31,6 @@ class LearnerLoop:
     self.error: BaseException | None = None
     self.done = threading.Event()
     self._thread = threading.Thread(target=self._run, name='learner', daemon=True)
-
-  @property
-  def at_max_steps(self) -> bool:
-    return self._max_steps is not None and self.steps >= self._max_steps
 
   def start(self) -> None:
     self._thread.start()
@@ -45,9 +40,7 @@ class LearnerLoop:
       started = time.monotonic()
       self.learner.warm_up()  # while actors start and the replay fills
       logging.info('Learner step traced in %.1fs', time.monotonic() - started)
-      while not self._stop.is_set() and not self._should_stop():
-        if self.at_max_steps:
-          break  # The node's main thread notices the budget at its next check.
+      while not self._stop.is_set() and not self._should_stop(self.steps):
         metrics = self.learner.step()
         if metrics is not None:
           self.steps += 1

@@ -1,7 +1,7 @@
 """Reading a run's logdir: progress records, events and the summary, in one place.
 
 The central node writes `progress.jsonl` (one JSON record per line: progress records,
-and `{"event": ...}` lines such as a resume) and `summary.json` (`seedacme.progress`).
+and `{"event": ...}` lines such as a resume) and `summary.json` (`seedacme.run.progress`).
 The launcher tails the progress file to draw its console line, the curves read it
 whole, and benchmarks and tests read both; they all go through these functions.
 

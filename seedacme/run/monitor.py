@@ -1,10 +1,15 @@
 """The run monitor: progress records, budgets and targets, the summary and why it stopped.
 
 The central node's main thread asks it for one record per interval. It reads acting
-through one interface, `ActingSource`, which both inference modes implement: the
-central `InferenceServer` (it counts what it serves) and, with actor-side inference,
-`ActingReports` (it adds up what actors report). It knows nothing about learning
-beyond the learner's step count and last metrics, which the caller passes in.
+from the node's `ActingLog`, and batching from a `ServingStats`, which both inference
+modes' parts implement: the central `InferenceServer` and, with actor-side inference,
+the node's `ReportIntake` (it adds up what actors report). It knows nothing about
+learning beyond the learner's step count and last metrics, which the caller passes in.
+
+Each record covers the interval since the previous one. The summary (`summarize`,
+written once per run) covers the run's steady window instead: its rates run from the
+first progress record (start-up -- imports, compiling, actors starting -- excluded) to
+the last one (shutdown excluded), and its batch statistics sum every interval's.
 
 Why a run stopped is a `StopReason` with fields (kind, value, threshold): the summary
 carries it as `stop` next to the sentence in `stopped_because` that people read.
@@ -15,9 +20,11 @@ import enum
 import time
 from typing import Any, Dict, Protocol
 
-from seedacme.accounting import WINDOWS, ActingLog, Mode
+from seedacme.run.accounting import WINDOWS, ActingLog
+
+from seedacme.types import Mode
 from seedacme.config import ProgramConfig
-from seedacme.progress import ProgressWriter
+from seedacme.run.progress import ProgressWriter
 
 
 class StopKind(enum.Enum):
@@ -59,9 +66,8 @@ class StopReason:
     return self.kind not in (StopKind.LEARNER_FAILED, StopKind.STOP_REQUESTED)
 
 
-class ActingSource(Protocol):
-  """What the monitor reads about acting, whichever side runs the policy."""
-  acting: ActingLog
+class ServingStats(Protocol):
+  """What the monitor reads about serving, whichever side runs the policy."""
   batch_capacity: int
   actor_restarts: int
   requests_refused: int
@@ -76,24 +82,54 @@ class ActingSource(Protocol):
 TARGET_EPISODES = WINDOWS
 
 
-class RunMonitor:
-  """Progress records (file, TensorBoard), budget and target checks, summaries."""
+class _RunBatches:
+  """Batch statistics summed over every record's interval (the summary's)."""
 
-  def __init__(self, config: ProgramConfig, acting: ActingSource, replay: Any = None,
-               progress: ProgressWriter | None = None):
+  def __init__(self):
+    self.batches = self.units = 0
+    self.latency_sum = 0.0
+    self.p99 = float('nan')
+
+  def add(self, stats: Any) -> None:
+    if not stats.batches:
+      return
+    self.batches += stats.batches
+    self.units += stats.units
+    self.latency_sum += stats.mean_latency_ms * stats.batches
+    # The run's p99 is bounded by its worst interval's: that is what is reported.
+    self.p99 = stats.p99_latency_ms if self.p99 != self.p99 else max(self.p99,
+                                                                      stats.p99_latency_ms)
+
+
+class RunMonitor:
+  """Progress records (file, TensorBoard), budget and target checks, the summary."""
+
+  def __init__(self, config: ProgramConfig, acting: ActingLog, serving: ServingStats,
+               replay: Any = None, progress: ProgressWriter | None = None):
     """`replay`: a Reverb client for table sizes (None: not reported)."""
     self._config = config
     self._acting = acting
+    self._serving = serving
     self._replay = replay
     self.progress = progress or ProgressWriter(config.logdir)
     self._start = time.monotonic()
-    self._last = (self._start, acting.acting.env_steps(), 0)
+    self._last = (self._start, acting.env_steps(), 0)
+    self._steady: tuple | None = None  # (time, env steps, learner steps) at the 1st record
+    self._run_batches = _RunBatches()
     self.last_record: Dict[str, Any] = {}
 
   def restart_clock(self, learner_steps: int) -> None:
     """Rates count from here (after a resume: from the restored counters)."""
     self._start = time.monotonic()
-    self._last = (self._start, self._acting.acting.env_steps(), learner_steps)
+    self._last = (self._start, self._acting.env_steps(), learner_steps)
+
+  def learner_budget(self, learner_steps: int) -> 'StopReason | None':
+    """The learner-step budget, if `learner_steps` reached it (the one place it is
+    checked: the learner loop stops stepping on it, and `stop_reason` reports it)."""
+    limit = self._config.max_learner_steps
+    if limit is not None and learner_steps >= limit:
+      return StopReason(StopKind.LEARNER_STEPS, learner_steps, limit)
+    return None
 
   def _replay_stats(self) -> Dict[str, Any]:
     """Size, inserts and samples over all Reverb tables (None when unreachable)."""
@@ -107,15 +143,15 @@ class RunMonitor:
     except Exception:  # pylint: disable=broad-except
       return {'replay_size': None, 'replay_inserts': None, 'replay_samples': None}
 
-  def record(self, learner_steps: int, learner_metrics: Dict[str, float]) -> Dict[str, Any]:
-    """A progress record of everything since the previous one (not written)."""
+  def _record(self, learner_steps: int, learner_metrics: Dict[str, float],
+              since: tuple, batch: Any, capacity: int) -> Dict[str, Any]:
+    """A record whose rates run from `since` = (time, env steps, learner steps)."""
     now = time.monotonic()
-    t0, env0, learn0 = self._last
+    t0, env0, learn0 = since
     dt = max(now - t0, 1e-9)
-    source = self._acting
-    env_steps = source.acting.env_steps()
-    train, evaluation = source.acting.summary(Mode.TRAIN), source.acting.summary(Mode.EVAL)
-    batch = source.batch_stats(reset=True)
+    acting, serving = self._acting, self._serving
+    env_steps = acting.env_steps()
+    train, evaluation = acting.summary(Mode.TRAIN), acting.summary(Mode.EVAL)
     record = {
         'elapsed_s': now - self._start,
         'env_steps': env_steps,
@@ -131,22 +167,35 @@ class RunMonitor:
         'learner_steps_per_s': (learner_steps - learn0) / dt,
         **self._replay_stats(),
         'inference_batches': batch.batches,
-        'batch_fill': batch.mean_batch_units / source.batch_capacity,
-        'latency_ms': batch.mean_latency_ms,
-        'latency_p99_ms': batch.p99_latency_ms,
-        'actor_restarts': source.actor_restarts,
-        'requests_refused': source.requests_refused,
+        'batch_fill': batch.units / batch.batches / capacity if batch.batches else 0.0,
+        'latency_ms': batch.latency_ms,
+        'latency_p99_ms': batch.p99,
+        'actor_restarts': serving.actor_restarts,
+        'requests_refused': serving.requests_refused,
     }
-    record.update({f'trajectory_{k}': v for k, v in source.trajectory_stats().items()})
+    record.update({f'trajectory_{k}': v for k, v in serving.trajectory_stats().items()})
     record.update({f'learner_{k}': v for k, v in learner_metrics.items()})
-    self._last = (now, env_steps, learner_steps)
+    return record
+
+  def record(self, learner_steps: int, learner_metrics: Dict[str, float]) -> Dict[str, Any]:
+    """A progress record of everything since the previous one (not written)."""
+    stats = self._serving.batch_stats(reset=True)
+    self._run_batches.add(stats)
+    interval = _Batches(stats.batches, stats.units, stats.mean_latency_ms,
+                        stats.p99_latency_ms)
+    record = self._record(learner_steps, learner_metrics, self._last, interval,
+                          self._serving.batch_capacity)
+    self._last = (time.monotonic(), record['env_steps'], learner_steps)
+    if self._steady is None:
+      self._steady = self._last
     return record
 
   def stop_reason(self, record: Dict[str, Any], learner_steps: int) -> StopReason | None:
     """The budget or target `record` reached, if any (checked in this order)."""
     c = self._config
-    if c.max_learner_steps is not None and learner_steps >= c.max_learner_steps:
-      return StopReason(StopKind.LEARNER_STEPS, learner_steps, c.max_learner_steps)
+    learner = self.learner_budget(learner_steps)
+    if learner is not None:
+      return learner
     if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
       return StopReason(StopKind.ENV_STEPS, record['env_steps'], c.max_env_steps)
     if c.max_seconds is not None and record['elapsed_s'] >= c.max_seconds:
@@ -173,10 +222,32 @@ class RunMonitor:
 
   def summarize(self, learner_steps: int, learner_metrics: Dict[str, float],
                 reason: StopReason, resumed_from: int | None) -> Dict[str, Any]:
-    """Writes `summary.json`: a last record, why the run stopped, where it resumed."""
-    final = self.record(learner_steps, learner_metrics)
+    """Writes `summary.json` (once per run): the run's totals, its rates over the
+    steady window (module docstring), why it stopped and where it resumed."""
+    self._run_batches.add(self._serving.batch_stats(reset=True))
+    b = self._run_batches
+    run = _Batches(b.batches, b.units, b.latency_sum / b.batches if b.batches else
+                   float('nan'), b.p99)
+    if self._steady is not None and self._last[0] > self._steady[0]:
+      start, end = self._steady, self._last  # first to last progress record
+    else:  # no interval between records yet: all of the run so far
+      start, end = (self._start, *self._last[1:]), None
+    final = self._record(learner_steps, learner_metrics, start, run,
+                         self._serving.batch_capacity)
+    if end is not None:
+      dt = end[0] - start[0]
+      final['env_steps_per_s'] = (end[1] - start[1]) / dt
+      final['learner_steps_per_s'] = (end[2] - start[2]) / dt
+    final['steady_window_s'] = (end or (time.monotonic(),))[0] - start[0]
     final['stopped_because'] = reason.sentence()
     final['stop'] = reason.to_json()
     final['resumed_from_learner_step'] = resumed_from
     self.progress.write_summary(final)
     return final
+
+
+class _Batches:
+  """Batch statistics of some window, in the form `_record` reads."""
+
+  def __init__(self, batches: int, units: int, latency_ms: float, p99: float):
+    self.batches, self.units, self.latency_ms, self.p99 = batches, units, latency_ms, p99

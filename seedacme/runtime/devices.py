@@ -1,7 +1,7 @@
 """Which device the central node runs on, and a refusal when it is not the one asked for.
 
 TensorFlow falls back to the CPU without a word when it cannot load the CUDA libraries
-(TF 2.8.4 needs CUDA 11 / cuDNN 8; `seedacme.cuda_libs` loads them from pip wheels): a
+(TF 2.8.4 needs CUDA 11 / cuDNN 8; `seedacme.runtime.cuda_libs` loads them from pip wheels): a
 launch that paid for a V100 would then train on the machine's CPU. The central node therefore logs the device that inference and
 learning run on, and a program whose launch asked for an accelerator
 (`ProgramConfig.accelerator`) stops with an error naming what is missing instead of

@@ -4,7 +4,7 @@ An actor process imports numpy, dm_env, Courier and its environments -- never
 TensorFlow or a network. Each step it sends the K current timesteps of its envs to the
 inference server in ONE call and applies the K actions it gets back.
 
-The env factory chooses the engine (`envs.registry.make_engine`). A `BatchedEnv`-like
+The env factory chooses the engine (`seedacme.actor.engines.make_engine`). A `BatchedEnv`-like
 engine steps all K envs per call. A half-batch engine (Atari's 'vector_async',
 envs/atari_vector.py) hands out K/2 envs at a time: the actor sends that half's request
 and, while the server answers, the engine's C++ threads step the other half; each
@@ -14,9 +14,12 @@ request carries the env ids of its own half. Both are driven by the same
 Each actor draws a fresh random run id when it starts. The server compares run ids per
 env: after a crash and restart the new id tells it to reset those envs' recurrent state
 and drop their partial unrolls.
+
+The actor counts its envs' steps and episodes in one `ActingLog` (its log lines and
+evaluation rounds read it; with actor-side inference the reports to the central node
+are deltas of it, `ActingLog.take_report`).
 """
 
-import collections
 import os
 import resource
 import sys
@@ -28,14 +31,11 @@ from typing import Any
 from absl import logging
 import numpy as np
 
-from seedacme import protocol
-from seedacme.accounting import EpisodeTracker
-from seedacme.envs.atari_vector import SlotStep
-from seedacme.envs.registry import EnvFactory, make_engine
-from seedacme.lifecycle import default_stop_event
-
-
-
+from seedacme.actor.engines import half_batch_driver, make_engine
+from seedacme.run.accounting import ActingLog, EpisodeTracker
+from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.types import EnvFactory, Mode
+from seedacme.wire import protocol
 
 
 def new_run_id() -> int:
@@ -43,89 +43,64 @@ def new_run_id() -> int:
   return int.from_bytes(os.urandom(8), 'little') >> 1
 
 
-class Lockstep:
-  """Drives a `BatchedEnv`-like engine (`reset`, `step`) through `recv`/`send`.
-
-  `recv()` returns all K envs (the first call resets them); `send(actions)` steps them.
-  """
-
-  def __init__(self, envs: Any):
-    self._envs = envs
-    self.spec = envs.spec
-    self.num_envs = envs.num_envs
-    self.batch_size = envs.num_envs
-    self._slots = np.arange(envs.num_envs, dtype=np.int64)
-    self._pending: SlotStep | None = None
-
-  def recv(self) -> SlotStep:
-    """The K current timesteps (reset on the first call)."""
-    if self._pending is None:
-      return SlotStep(self._slots, self._envs.reset())
-    pending, self._pending = self._pending, None
-    return pending
-
-  def send(self, actions: np.ndarray) -> None:
-    """Steps all K envs; `recv()` returns the result."""
-    self._pending = SlotStep(self._slots, self._envs.step(actions))
-
-  def close(self) -> None:
-    self._envs.close()
-
-
-def half_batch_driver(engine: Any) -> Any:
-  """`engine` itself if it has `recv`/`send`, else `Lockstep(engine)`."""
-  return engine if hasattr(engine, 'recv') else Lockstep(engine)
-
-
 class EnvActor:
-  """Steps `num_envs` environments for the central inference server."""
+  """Steps `num_envs` environments for the inference server."""
 
   SLOW_CALL_WARNING_S = 5.0
 
   def __init__(self, inference: Any, env_factory: EnvFactory, actor_id: int,
-               num_envs: int, first_env_id: int, counter: Any = None,
-               greedy: bool = False, seed: int = 0, max_steps: int | None = None,
-               counter_interval_s: float = 2.0, log_interval_s: float = 30.0,
+               num_envs: int, first_env_id: int, mode: Mode = Mode.TRAIN,
+               seed: int = 0, max_steps: int | None = None, log_interval_s: float = 30.0,
                eval_interval_s: float = 0.0, eval_episodes: int = 20,
+               acting: ActingLog | None = None,
                stop_event: threading.Event | None = None):
     """Creates the actor.
 
     Args:
-      inference: a Courier client of the central node (has `step(request)`).
+      inference: a Courier client of the central node (has `futures.step(request)`),
+        or an actor's own inference (`seedacme.actor.actor_side`).
       env_factory: `factory(seed) -> dm_env.Environment`; a `make_engine(num_envs,
-        seed)` method, if it has one, builds the K envs (envs.registry.make_engine).
+        seed)` method, if it has one, builds the K envs (`actor.engines.make_engine`).
       actor_id: index of this actor (for logs).
       num_envs: K, envs stepped per call.
       first_env_id: global id of this actor's first env; its envs are
         first_env_id .. first_env_id + K - 1.
-      counter: optional Courier client of an Acme `Counter`.
-      greedy: act greedily and keep out of training data (evaluator).
+      mode: `Mode.TRAIN`, or `Mode.EVAL` for the evaluator (greedy actions, no
+        training data); sent with every request.
       seed: env seeds are seed + i.
       max_steps: stop after this many inference calls (None: until stopped); a call
         covers all K envs, or K/2 with a half-batch engine.
-      eval_interval_s, eval_episodes: evaluation schedule (greedy actors only): every
+      log_interval_s: period of the actor's log line.
+      eval_interval_s, eval_episodes: evaluation schedule (`Mode.EVAL` only): every
         `eval_interval_s`, play until `eval_episodes` more episodes have finished,
         then idle. 0: evaluate continuously.
-      counter_interval_s, log_interval_s: reporting periods.
+      acting: the actor's acting account (default: a new `ActingLog`).
       stop_event: set to stop; default is Launchpad's stop event.
     """
     self._inference = inference
     self._envs = half_batch_driver(make_engine(env_factory, num_envs, seed=seed))
     self._actor_id = actor_id
-    self._counter = counter
-    self._greedy = greedy
+    self.mode = mode
     self._max_steps = max_steps
-    self._eval_interval_s = eval_interval_s if greedy else 0.0
+    self._eval_interval_s = eval_interval_s if mode is Mode.EVAL else 0.0
     self._eval_episodes = eval_episodes
-    self._counter_interval_s = counter_interval_s
     self._log_interval_s = log_interval_s
     self._stop = stop_event
     self.env_ids = np.arange(first_env_id, first_env_id + num_envs, dtype=np.int64)
     self.run_id = new_run_id()
     self.steps = 0  # inference calls answered with actions
-    self.env_steps = 0
-    self.episode_returns = collections.deque(maxlen=1000)  # recent, for tests/logs
+    self.acting = acting if acting is not None else ActingLog()
     self._episodes = EpisodeTracker(num_envs)  # by slot (the engine's env index)
+
+  @property
+  def env_steps(self) -> int:
+    """Env steps taken (all in this actor's mode)."""
+    return self.acting.env_steps(self.mode)
+
+  @property
+  def episodes(self) -> int:
+    """Episodes finished."""
+    return self.acting.episodes(self.mode)
 
   def _call(self, request):
     """One inference call, retried with backoff while the server is unreachable.
@@ -166,33 +141,39 @@ class EnvActor:
           break
     return None
 
+  def _log_progress(self, kind: str, since_s: float) -> None:
+    summary = self.acting.summary(self.mode)
+    logging.info('%s %d: %d env steps (%d calls), %d episodes, average return %.3f and '
+                 'length %.1f over the last %d (log every %.0fs)', kind, self._actor_id,
+                 self.env_steps, self.steps, summary['episodes'],
+                 summary['average_return'], summary['average_length'],
+                 summary['average_over'], since_s)
+
   def run(self) -> None:
     """Steps the envs until the stop event is set (or `max_steps`)."""
     if self._stop is None:
       self._stop = default_stop_event()
-    kind = 'evaluator' if self._greedy else 'actor'
+    kind = 'evaluator' if self.mode is Mode.EVAL else 'actor'
     logging.info('%s %d: %d envs (ids %d..%d) in batches of %d, run id %d', kind,
                  self._actor_id, len(self.env_ids), self.env_ids[0], self.env_ids[-1],
                  self._envs.batch_size, self.run_id)
     run_ids = np.full(len(self.env_ids), self.run_id, np.int64)
     started = time.monotonic()
     batch = self._envs.recv()
-    last_count = last_log = time.monotonic()
-    steps_unreported = episodes_unreported = 0
-    recent, recent_lengths = [], []
-    round_start, round_episodes = time.monotonic(), 0
+    last_log = time.monotonic()
+    round_start, round_first_episode = time.monotonic(), 0
     while not self._stop.is_set():
-      if self._eval_interval_s and round_episodes >= self._eval_episodes:
+      if self._eval_interval_s and self.episodes - round_first_episode >= self._eval_episodes:
         # Evaluation round done: idle until the next one is due.
         if self._stop.wait(max(0.0, round_start + self._eval_interval_s - time.monotonic())):
           break
-        round_start, round_episodes = time.monotonic(), 0
+        round_start, round_first_episode = time.monotonic(), self.episodes
       if self._max_steps is not None and self.steps >= self._max_steps:
         break
       ts = batch.step
       request = protocol.make_request(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
                                       ts.observation, ts.reward, ts.discount, ts.step_type,
-                                      greedy=self._greedy)
+                                      mode=self.mode)
       reply = self._call(request)
       if reply is None:
         break
@@ -208,29 +189,13 @@ class EnvActor:
                      self._actor_id, time.monotonic() - started)
       self._envs.send(reply['action'])
       batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
-      finished = self._episodes.observe(batch.slots, batch.step.step_type, batch.step.reward)
       self.steps += 1
-      self.env_steps += len(batch.slots)
-      steps_unreported += len(batch.slots)
-      episodes_unreported += len(finished.returns)
-      recent.extend(finished.returns.tolist())
-      round_episodes += len(finished.returns)
-      recent_lengths.extend(finished.lengths.tolist())
-      self.episode_returns.extend(finished.returns.tolist())
+      self.acting.add_steps(self.mode, len(batch.slots))
+      self.acting.add_episodes(self.mode, self._episodes.observe(
+          batch.slots, batch.step.step_type, batch.step.reward))
       now = time.monotonic()
-      if self._counter is not None and now - last_count >= self._counter_interval_s:
-        key = 'evaluator' if self._greedy else 'actor'
-        self._counter.futures.increment(**{f'{key}_steps': steps_unreported,
-                                           f'{key}_episodes': episodes_unreported})
-        steps_unreported = episodes_unreported = 0
-        last_count = now
       if now - last_log >= self._log_interval_s:
-        logging.info('%s %d: %d env steps (%d calls), %d episodes in the last %.0fs, '
-                     'average return %.3f, average length %.1f', kind, self._actor_id,
-                     self.env_steps, self.steps, len(recent), now - last_log,
-                     float(np.mean(recent)) if recent else float('nan'),
-                     float(np.mean(recent_lengths)) if recent_lengths else float('nan'))
-        recent, recent_lengths = [], []
+        self._log_progress(kind, now - last_log)
         last_log = now
     self._envs.close()
     logging.info('%s %d stopped after %d calls; peak RSS %.0f MB; tensorflow imported: %s',

@@ -3,7 +3,7 @@
 Launchpad's local launcher treats any node process that dies as a failure of the whole
 program. Users run for days on preemptible machines, so seedacme's actor, evaluator,
 central and replay nodes are *supervisors*: the Launchpad node process starts the real work in a child
-process (`python -m seedacme.supervisor`, the target and its arguments pickled on
+process (`python -m seedacme.runtime.supervisor`, the target and its arguments pickled on
 stdin) and starts a new child when one dies -- `kill -9` included. A new actor child
 draws a new run id, so the server resets its envs; a new central child restores the
 latest checkpoint and binds the same Courier port, and actors reconnect; a new replay
@@ -25,7 +25,6 @@ import atexit
 import faulthandler
 import importlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,11 +34,8 @@ from typing import Any, Callable, Dict
 
 from absl import logging
 import cloudpickle
-import launchpad as lp
-from launchpad.nodes import dereference as lp_dereference
-import tree
 
-from seedacme.lifecycle import default_stop_event
+from seedacme.runtime.lifecycle import default_stop_event
 
 # A child exits with this when its error has `fatal = True` (restarting cannot fix it,
 # e.g. `devices.AcceleratorMissingError`): the supervisor then fails instead of restarting.
@@ -75,7 +71,7 @@ class Supervisor:
     self.standby: subprocess.Popen | None = None
 
   def _start_child(self, standby: bool = False) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, '-m', 'seedacme.supervisor'],
+    child = subprocess.Popen([sys.executable, '-m', 'seedacme.runtime.supervisor'],
                              stdin=subprocess.PIPE)
     child.stdin.write(len(self._payload).to_bytes(8, 'little') + self._payload)
     if standby:
@@ -192,92 +188,6 @@ def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
   """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved)."""
   Supervisor(target, kwargs, name).run()
   exit_node()
-
-
-def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
-                  payload: bytes, replay_address: str, **handles) -> None:
-  """Entry point of a (supervised) central process: the node and its Courier server.
-
-  `payload` is the pickled rest of `CentralNode`'s arguments (builder, spec, config):
-  the supervisor forwards it as bytes, so only this process imports TensorFlow: it
-  loads the pip-installed CUDA libraries first, if any (`seedacme.cuda_libs`).
-  """
-  # CUDA libraries first, then TF, Reverb and the node: the order a standby also uses.
-  from seedacme import central_imports as imports  # pylint: disable=g-import-not-at-top
-  node = imports.central.CentralNode(
-      stop_event=stop_event, replay=imports.reverb.Client(replay_address),
-      **cloudpickle.loads(payload), **handles)
-  server = imports.courier_utils.make_courier_server(node, port=port, **courier_kwargs)
-  server.Start()
-  try:
-    node.run()
-  finally:
-    server.Stop()
-    server.Join()
-
-
-def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Callable[[], Any],
-                 checkpoint_dir: str, grace_s: float,
-                 checkpoint_interval_s: float | None) -> None:
-  """Entry point of a (supervised) replay process: a Reverb server on `port`.
-
-  The server loads the latest checkpoint under `checkpoint_dir` when there is one (a
-  restart after a crash). With `checkpoint_interval_s` it writes a new checkpoint that
-  often and deletes the older ones, so the directory holds at most one complete
-  checkpoint besides the one being written.
-  """
-  import reverb  # pylint: disable=g-import-not-at-top
-  if stop_event is None:
-    stop_event = default_stop_event()
-  restoring = bool(os.listdir(checkpoint_dir))
-  server = reverb.Server(tables=tables_fn(), port=port,
-                         checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
-  client = reverb.Client(f'localhost:{port}')
-  if restoring:
-    sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
-    logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
-  try:
-    while not stop_event.wait(checkpoint_interval_s or 3600.0):
-      if checkpoint_interval_s is None:
-        continue
-      try:
-        latest = client.checkpoint()
-      except Exception:  # pylint: disable=broad-except
-        logging.exception('replay: checkpoint failed (the next one is tried in %.0fs)',
-                          checkpoint_interval_s)
-        continue
-      # Reverb names checkpoints by time under `checkpoint_dir`; keep only the newest.
-      for entry in os.listdir(checkpoint_dir):
-        path = os.path.join(checkpoint_dir, entry)
-        if os.path.abspath(path) != os.path.abspath(latest) and os.path.isdir(path):
-          shutil.rmtree(path, ignore_errors=True)
-    time.sleep(grace_s)  # Outlive clients still stopping (see program.ReplayNode).
-  finally:
-    server.stop()
-
-
-class SupervisedCentralNode(lp.CourierNode):
-  """The central node's Courier address, served by a supervised child process.
-
-  The Launchpad process only supervises: it passes the pickled arguments (builder,
-  spec, config) through as bytes and never imports TensorFlow; the child builds the
-  `CentralNode` and serves Courier on this node's port (`serve_central`).
-  """
-
-  def __init__(self, standby: bool = False, **kwargs):
-    super().__init__(dict, **kwargs)  # the real constructor runs in the child
-    self._standby = standby
-
-  def run(self) -> None:
-    args, kwargs = tree.map_structure(lp_dereference.maybe_dereference,
-                                      (self._args, self._kwargs))
-    del args
-    kwargs.update(port=lp.get_port_from_address(self._address.resolve()),
-                  courier_kwargs=self._courier_kwargs,
-                  replay_address=kwargs['replay_address'].resolve())
-    Supervisor(serve_central, kwargs, 'learner',
-               standby_imports=('seedacme.central_imports',) if self._standby else ()).run()
-    exit_node()
 
 
 def _child_main() -> None:

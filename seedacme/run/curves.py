@@ -10,8 +10,10 @@ import io
 import os
 from typing import Any, Dict, List, Sequence
 
-from seedacme.accounting import WINDOWS, Mode
-from seedacme.logdir import open_file, read_progress
+from seedacme.run.accounting import WINDOWS
+
+from seedacme.types import Mode
+from seedacme.run.logdir import open_file, read_progress
 
 
 COLUMNS = ('env_steps', 'elapsed_s', 'learner_steps', 'average_return',

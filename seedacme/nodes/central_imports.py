@@ -1,12 +1,12 @@
 """What a central node process imports before it can serve, in the order it must.
 
 A supervised central node keeps a standby child (`seedacme.supervisor`) that has
-imported this module: the CUDA libraries preloaded (`seedacme.cuda_libs`, before
+imported this module: the CUDA libraries preloaded (`seedacme.runtime.cuda_libs`, before
 anything imports TensorFlow), then TensorFlow, Reverb, Sonnet and the node's code. A
 restarted central node then skips these seconds of imports (README, "Fault table").
 """
 
-from seedacme import cuda_libs
+from seedacme.runtime import cuda_libs
 
 cuda_libs.preload()  # before anything imports TensorFlow (Reverb does)
 

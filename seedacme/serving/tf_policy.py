@@ -25,17 +25,17 @@ remaining time sits on.
 """
 
 import abc
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 import tree
 
-from seedacme.envs.registry import EnvSpec
-from seedacme.policy import PolicyStep, ServerPolicy
+from seedacme.types import EnvSpec
+from seedacme.serving.policy import PolicyStep, ServerPolicy
+from seedacme.types import Nest
 
-Nest = Any
 
 
 def default_device() -> str:
@@ -109,11 +109,11 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
     self._extras_keys: Tuple[str, ...] | None = None
 
   @abc.abstractmethod
-  def _act(self, observation: tf.Tensor, state: Nest, greedy: tf.Tensor,
+  def _act(self, observation: tf.Tensor, state: Nest, eval_mask: tf.Tensor,
            env_ids: tf.Tensor) -> Tuple[tf.Tensor, Dict[str, tf.Tensor], Nest]:
     """In-graph: `(action int32 [B], extras {name: [B, ...]}, next_state)`."""
 
-  def _batch_step_graph(self, env_ids, observation, reset, greedy):
+  def _batch_step_graph(self, env_ids, observation, reset, eval_mask):
     self.traces += 1
     with tf.device(self.device):
       def initial_where_reset(stored, initial):
@@ -121,7 +121,7 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
         return tf.where(mask, tf.cast(initial, stored.dtype), stored)
       state = tree.map_structure(lambda v: tf.gather(v, env_ids), self._table)
       state = tree.map_structure(initial_where_reset, state, self._initial)
-      action, extras, next_state = self._act(observation, state, greedy, env_ids)
+      action, extras, next_state = self._act(observation, state, eval_mask, env_ids)
       for var, new in zip(tree.flatten(self._table), tree.flatten(next_state)):
         var.scatter_nd_update(env_ids[:, None], tf.cast(new, var.dtype))
     self._extras_keys = tuple(sorted(extras))
@@ -156,20 +156,20 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
           np.ones(bucket, bool), np.ones(bucket, bool))
 
   def step(self, env_ids: np.ndarray, observation: np.ndarray, reset: np.ndarray,
-           greedy: np.ndarray) -> PolicyStep:
+           eval_mask: np.ndarray) -> PolicyStep:
     size = len(env_ids)
     bucket = self._bucket(size)
     ids = np.asarray(env_ids, np.int32)
     reset = np.asarray(reset, bool)
-    greedy = np.asarray(greedy, bool)
+    eval_mask = np.asarray(eval_mask, bool)
     if bucket != size:
       pad = bucket - size
       ids = np.concatenate([ids, np.full(pad, self.num_envs, np.int32)])
       observation = np.concatenate(
           [observation, np.zeros((pad,) + observation.shape[1:], observation.dtype)])
       reset = np.concatenate([reset, np.ones(pad, bool)])
-      greedy = np.concatenate([greedy, np.ones(pad, bool)])
-    outputs = self._call_for(bucket)(ids, observation, reset, greedy)
+      eval_mask = np.concatenate([eval_mask, np.ones(pad, bool)])
+    outputs = self._call_for(bucket)(ids, observation, reset, eval_mask)
     outputs = [o.numpy()[:size] for o in outputs]
     n_extras = len(self._extras_keys)
     state = tree.unflatten_as(self._initial, outputs[1 + n_extras:]) \

@@ -24,7 +24,7 @@ from typing import Any, Callable, Generic, List, NamedTuple, Sequence, TypeVar, 
 
 from absl import logging
 
-from seedacme.lifecycle import ShutdownError
+from seedacme.runtime.lifecycle import ShutdownError
 
 T = TypeVar('T')
 R = TypeVar('R')

@@ -1,4 +1,4 @@
-"""Acting accounting: the one place that counts env steps, episodes and returns.
+"""The acting account: the one place that counts env steps, episodes and returns.
 
 Envs and actors report what happened -- step types and rewards -- and never keep
 running sums of their own. Two small pieces turn that into progress:
@@ -8,46 +8,22 @@ running sums of their own. Two small pieces turn that into progress:
 * `ActingLog` keeps the totals per `Mode` (training or greedy evaluation): env steps,
   episodes and the recent returns and lengths the run monitor averages.
 
-The central inference server feeds one `ActingLog` from the requests it serves; with
-actor-side inference each actor process accounts its own envs the same way and sends
-the central node an `ActingReport` (`seedacme.actor_side_inference`), which feeds the
-central node's `ActingLog` through `ActingLog.add_report`. Step types are dm_env's,
-as ints (`FIRST`, `MID`, `LAST`), named here once.
+Who keeps one: the central node (fed by its inference server, or by the reports of
+actors that run their own inference), and every actor (its own envs, for its log lines
+and evaluation rounds). An actor with its own inference sends the central node deltas
+of its log (`take_report`), which the central node adds with `add_report`.
+
+It sits below `serving/` and `actor/` in the import order because both count through it.
 """
 
 import collections
-import dataclasses
-import enum
 import threading
-from typing import Callable, Dict, NamedTuple
+from typing import Dict, List
 
-import dm_env
 import numpy as np
 
-FIRST = int(dm_env.StepType.FIRST)
-MID = int(dm_env.StepType.MID)
-LAST = int(dm_env.StepType.LAST)
-
-
-class Mode(enum.Enum):
-  """What an env's steps are for: training (trajectories) or greedy evaluation."""
-  TRAIN = 'train'
-  EVAL = 'eval'
-
-  @classmethod
-  def of(cls, greedy: bool) -> 'Mode':
-    return cls.EVAL if greedy else cls.TRAIN
-
-
-class Episodes(NamedTuple):
-  """Finished episodes: which envs (or slots), their returns and their lengths."""
-  ids: np.ndarray  # int64 [N]
-  returns: np.ndarray  # float64 [N]
-  lengths: np.ndarray  # int64 [N]
-
-  @classmethod
-  def none(cls) -> 'Episodes':
-    return cls(np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64))
+from seedacme.types import FIRST, LAST, Episodes, Mode
+from seedacme.wire.reports import ActingReport
 
 
 class EpisodeTracker:
@@ -65,7 +41,7 @@ class EpisodeTracker:
   def observe(self, ids: np.ndarray, step_type: np.ndarray,
               reward: np.ndarray) -> Episodes:
     """Adds one timestep per env (a FIRST step starts over); returns the episodes a
-    LAST step ended."""
+    LAST step ended, in the order of `ids` (`Episodes.ids` says which)."""
     ids = np.asarray(ids)
     first = step_type == FIRST
     self._return[ids] = np.where(first, 0.0, self._return[ids] + reward)
@@ -78,79 +54,35 @@ class EpisodeTracker:
                     self._length[ended].copy())
 
 
-@dataclasses.dataclass
-class ActingReport:
-  """What some envs did since the last report, for one `ActingLog` to add up.
-
-  Sent by each actor that runs its own inference (`inference='actor'`), as a dict over
-  Courier (`to_wire`, `from_wire`).
-  """
-  env_steps: Dict[Mode, int]
-  episodes: Dict[Mode, Episodes]
-
-  def to_wire(self) -> dict:
-    wire = {}
-    for mode, (steps_key, episodes_key) in _WIRE.items():
-      e = self.episodes.get(mode, Episodes.none())
-      wire[steps_key] = int(self.env_steps.get(mode, 0))
-      wire[episodes_key] = np.stack([e.returns, e.lengths]).astype(np.float64)
-    return wire
-
-  @classmethod
-  def from_wire(cls, wire: dict) -> 'ActingReport':
-    """Reads `to_wire`'s dict; `ValueError` names the field when it is malformed."""
-    steps, episodes = {}, {}
-    for mode, (steps_key, episodes_key) in _WIRE.items():
-      steps[mode] = int(wire[steps_key])
-      value = np.asarray(wire[episodes_key], np.float64)
-      if value.ndim != 2 or value.shape[0] != 2:
-        raise ValueError(f'{episodes_key} must have shape [2, n] (returns, lengths), '
-                         f'got {value.shape}')
-      episodes[mode] = Episodes(np.zeros(value.shape[1], np.int64), value[0],
-                                value[1].astype(np.int64))
-    return cls(steps, episodes)
-
-
-# Field names of each mode's env steps and episodes ([2, n]: returns, lengths) on the wire.
-_WIRE = {Mode.TRAIN: ('env_steps', 'train_episodes'),
-         Mode.EVAL: ('eval_env_steps', 'eval_episodes')}
-WIRE_FIELDS = tuple(k for keys in _WIRE.values() for k in keys)
-
-
-class CountsSteps:
-  """`env_steps` and `eval_env_steps` of an object that keeps an `ActingLog` as `acting`."""
-  acting: 'ActingLog'
-
-  @property
-  def env_steps(self) -> int:
-    """Training env steps."""
-    return self.acting.env_steps(Mode.TRAIN)
-
-  @property
-  def eval_env_steps(self) -> int:
-    return self.acting.env_steps(Mode.EVAL)
-
-
 # Episodes the recent averages cover, per mode (the run monitor's targets and the
 # learning curves need the same windows).
 WINDOWS = {Mode.TRAIN: 100, Mode.EVAL: 20}
 
 
 class ActingLog:
-  """Env steps and finished episodes per `Mode`; averages over the recent episodes."""
+  """Env steps and finished episodes per `Mode`; averages over the recent episodes.
+
+  Thread-safe: the inference server's batch leader, a report handler and the monitor's
+  thread use one log at once.
+  """
 
   def __init__(self, window: int = WINDOWS[Mode.TRAIN],
-               eval_window: int = WINDOWS[Mode.EVAL]):
-    """Averages cover the last `window` training / `eval_window` evaluation episodes."""
+               eval_window: int = WINDOWS[Mode.EVAL], reporting: bool = False):
+    """Averages cover the last `window` training / `eval_window` evaluation episodes.
+
+    `reporting`: keep the episodes ended since the last `take_report` for the next one
+    (an actor with its own inference); otherwise only the averaging windows are kept.
+    """
     self._lock = threading.Lock()
     sizes = {Mode.TRAIN: window, Mode.EVAL: eval_window}
     self._returns = {m: collections.deque(maxlen=n) for m, n in sizes.items()}
     self._lengths = {m: collections.deque(maxlen=n) for m, n in sizes.items()}
     self._episodes = {m: 0 for m in Mode}
     self._env_steps = {m: 0 for m in Mode}
-    # Called with every recorded batch of episodes (actor-side inference collects
-    # them for its next report).
-    self.listener: Callable[[Mode, Episodes], None] | None = None
+    # Since the last `take_report`: env steps at that report, episodes ended after it.
+    self._reported_steps = {m: 0 for m in Mode}
+    self._unreported: Dict[Mode, List[Episodes]] | None = (
+        {m: [] for m in Mode} if reporting else None)
 
   def add_steps(self, mode: Mode, count: int) -> None:
     with self._lock:
@@ -163,13 +95,24 @@ class ActingLog:
       self._returns[mode].extend(episodes.returns.tolist())
       self._lengths[mode].extend(episodes.lengths.tolist())
       self._episodes[mode] += len(episodes.returns)
-    if self.listener is not None:
-      self.listener(mode, episodes)
+      if self._unreported is not None:
+        self._unreported[mode].append(episodes)
 
   def add_report(self, report: ActingReport) -> None:
     for mode in Mode:
       self.add_steps(mode, report.env_steps.get(mode, 0))
       self.add_episodes(mode, report.episodes.get(mode, Episodes.none()))
+
+  def take_report(self) -> ActingReport:
+    """What was added since the previous `take_report` (the first: since creation)."""
+    if self._unreported is None:
+      raise RuntimeError('take_report needs an ActingLog(reporting=True)')
+    with self._lock:
+      steps = {m: self._env_steps[m] - self._reported_steps[m] for m in Mode}
+      self._reported_steps = dict(self._env_steps)
+      episodes = {m: Episodes.concatenate(self._unreported[m]) for m in Mode}
+      self._unreported = {m: [] for m in Mode}
+    return ActingReport(steps, episodes)
 
   def restore(self, env_steps: int, episodes: int) -> None:
     """Continues a resumed run's training counts (from its checkpoint)."""

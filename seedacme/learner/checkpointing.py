@@ -17,7 +17,7 @@ from absl import logging
 import tensorflow as tf
 import tree
 
-from seedacme.envs.registry import EnvSpec
+from seedacme.types import EnvSpec
 
 COUNTERS = ('learner_steps', 'env_steps', 'episodes')
 

@@ -8,9 +8,11 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
 3. marks for reset the envs whose run id changed (actor restart: recurrent state back
    to initial, partial unroll dropped) and the envs starting an episode;
 4. runs the policy's batch step ONCE for the whole batch (the policy keeps each env's
-   recurrent state, on the device: `seedacme.tf_policy`);
+   recurrent state, on the device: `seedacme.serving.tf_policy`);
 5. appends each training env's step to its trajectory (completed sequences go to
-   Reverb) and records finished episodes;
+   Reverb) and counts served steps and finished episodes in the acting account it was
+   given (the central node's `ActingLog`; none for an actor's own inference, whose
+   actor counts its envs itself);
 6. returns each caller its slice of the actions.
 """
 
@@ -20,20 +22,19 @@ from absl import logging
 import numpy as np
 import tree
 
-from seedacme import batcher as batcher_lib
-from seedacme import protocol
-from seedacme.accounting import FIRST, LAST, ActingLog, CountsSteps, Episodes, EpisodeTracker, Mode
-from seedacme.envs.registry import EnvSpec
-from seedacme.lifecycle import ShutdownError
-from seedacme.policy import ServerPolicy
+from seedacme.run.accounting import ActingLog, EpisodeTracker
+from seedacme.runtime.lifecycle import ShutdownError
+from seedacme.serving import batcher as batcher_lib
+from seedacme.serving.policy import ServerPolicy
+from seedacme.types import FIRST, LAST, EnvSpec, Episodes, Mode
+from seedacme.wire import protocol
 
-Nest = Any
 
 class EnvRuns:
   """Host-side bookkeeping per global env id: its actor's run id.
 
-  The recurrent state itself lives with the policy (on the device, `seedacme.tf_policy`);
-  the episode in progress with the server's `EpisodeTracker`.
+  The recurrent state itself lives with the policy (on the device,
+  `seedacme.serving.tf_policy`); the episode in progress with the acting account.
   """
 
   def __init__(self, num_envs: int):
@@ -41,14 +42,14 @@ class EnvRuns:
     self.run_ids = np.full(num_envs, -1, np.int64)
 
 
-class InferenceServer(CountsSteps):
+class InferenceServer:
   """Serves `step(request)` for all actors of a program from one batched policy."""
 
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
                trajectory_sink=None, max_batch_envs: int | None = None,
                batch_timeout_s: float = 0.002, max_request_envs: int = 4096,
                batch_capacity: int | None = None, acting: ActingLog | None = None):
-    """Creates the server (no thread of its own: see `seedacme.batcher`).
+    """Creates the server (no thread of its own: see `seedacme.serving.batcher`).
 
     Args:
       policy: the agent's batched policy; it holds the state of `num_envs` envs.
@@ -62,8 +63,8 @@ class InferenceServer(CountsSteps):
       max_request_envs: refuse requests with more envs than this (payload bound).
       batch_capacity: the most envs one batch can hold, for the reported fill
         (default `num_envs`: every env has at most one step in flight).
-      acting: where served steps and finished episodes are counted (default: a new
-        `ActingLog`, the server's own).
+      acting: where served steps and finished episodes are counted (None: not
+        counted here -- an actor's own inference, whose actor counts its envs).
     """
     if getattr(policy, 'num_envs', num_envs) < num_envs:
       raise ValueError(f'the policy holds state for {policy.num_envs} envs; the server '
@@ -75,8 +76,8 @@ class InferenceServer(CountsSteps):
     self._max_request_envs = max_request_envs
     self.batch_capacity = batch_capacity or num_envs
     self._runs = EnvRuns(num_envs)
-    self._episodes = EpisodeTracker(num_envs)
-    self.acting = acting if acting is not None else ActingLog()
+    self.acting = acting
+    self._episodes = EpisodeTracker(num_envs) if acting is not None else None
     self.actor_restarts = 0
     self.requests_refused = 0
     self._batcher = batcher_lib.RequestBatcher(
@@ -120,7 +121,7 @@ class InferenceServer(CountsSteps):
       r = batch[0]
       env_ids, run_ids, step_type, reward, discount, observation = (
           r.env_ids, r.run_ids, r.step_type, r.reward, r.discount, r.observation)
-      greedy = np.full(r.size, r.greedy)
+      eval_mask = np.full(r.size, r.mode is Mode.EVAL)
     else:
       env_ids = np.concatenate([r.env_ids for r in batch])
       run_ids = np.concatenate([r.run_ids for r in batch])
@@ -128,14 +129,14 @@ class InferenceServer(CountsSteps):
       reward = np.concatenate([r.reward for r in batch])
       discount = np.concatenate([r.discount for r in batch])
       observation = np.concatenate([r.observation for r in batch])
-      greedy = np.concatenate([np.full(r.size, r.greedy) for r in batch])
+      eval_mask = np.concatenate([np.full(r.size, r.mode is Mode.EVAL) for r in batch])
     restarted = self._note_restarts(env_ids, run_ids)
-    finished = self._episodes.observe(env_ids, step_type, reward)
 
-    out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted, greedy)
+    out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted,
+                            eval_mask)
     action = out.action
 
-    train = ~greedy
+    train = ~eval_mask
     if self._sink is not None and train.any():
       every = train.all()
       pick = (lambda x: x) if every else (lambda x: x[train])
@@ -145,13 +146,8 @@ class InferenceServer(CountsSteps):
               'extras': {k: pick(v) for k, v in out.extras.items()},
               'state': tree.map_structure(pick, out.state)}
       self._sink.add(pick(env_ids), step)
-    trained = int(train.sum())
-    self.acting.add_steps(Mode.TRAIN, trained)
-    self.acting.add_steps(Mode.EVAL, len(env_ids) - trained)
-    if len(finished.ids):
-      ended_greedy = greedy[step_type == LAST]  # `finished` is in batch order
-      for mode, pick in ((Mode.TRAIN, ~ended_greedy), (Mode.EVAL, ended_greedy)):
-        self.acting.add_episodes(mode, Episodes(*(x[pick] for x in finished)))
+    if self.acting is not None:
+      self._count(env_ids, step_type, reward, eval_mask)
 
     offset = 0
     for i, r in zip(accepted, batch):
@@ -173,10 +169,24 @@ class InferenceServer(CountsSteps):
       logging.info('Run id changed for %d envs (actor restart): resetting their '
                    'state and dropping partial trajectories', known.size)
     runs.run_ids[restarted] = run_ids[changed]
-    self._episodes.forget(restarted)
+    if self._episodes is not None:
+      self._episodes.forget(restarted)
     if self._sink is not None:
       self._sink.reset(restarted)
     return changed
+
+  def _count(self, env_ids: np.ndarray, step_type: np.ndarray, reward: np.ndarray,
+             eval_mask: np.ndarray) -> None:
+    """Served steps and the episodes they ended, per `Mode`, into the acting account."""
+    trained = int((~eval_mask).sum())
+    self.acting.add_steps(Mode.TRAIN, trained)
+    self.acting.add_steps(Mode.EVAL, len(env_ids) - trained)
+    finished = self._episodes.observe(env_ids, step_type, reward)
+    if len(finished.ids):
+      # `observe` lists ended episodes in batch order: the LAST steps' order.
+      ended_eval = eval_mask[step_type == LAST]
+      for mode, pick in ((Mode.TRAIN, ~ended_eval), (Mode.EVAL, ended_eval)):
+        self.acting.add_episodes(mode, Episodes(*(x[pick] for x in finished)))
 
   def state_of(self, env_ids) -> Any:
     """The stored recurrent state of these envs (the policy's device table)."""
@@ -197,11 +207,6 @@ class InferenceServer(CountsSteps):
   def max_batch_envs(self) -> int:
     """The policy runs once this many envs wait (or at the timeout)."""
     return self._batcher.max_batch_size
-
-  def report(self, report: Dict[str, Any]) -> None:
-    """`report_acting` is for actor-side inference (`ActingReports`): refused here."""
-    del report
-    raise protocol.InvalidRequestError('report_acting: this program runs central inference')
 
   @property
   def trajectory_sink(self):

@@ -2,18 +2,18 @@
 
 A `ServerPolicy` runs on the central node, once per inference batch, over envs from
 many actors at once. It owns every env's recurrent state, keyed by global env id (SEED
-keeps it on the accelerator: `seedacme.tf_policy`), so one call does the whole batch
+keeps it on the accelerator: `seedacme.serving.tf_policy`), so one call does the whole batch
 step: gather the state of the batch's envs, reset the ones that start over, run the
 network, pick actions, store the next state. The inference server only says which
 envs must start from the initial state (a FIRST step, or an actor restart).
 """
 
 import abc
-from typing import Any, Dict, NamedTuple, Sequence
+from typing import Dict, NamedTuple, Sequence
 
 import numpy as np
+from seedacme.types import Nest
 
-Nest = Any
 
 
 class PolicyStep(NamedTuple):
@@ -31,7 +31,7 @@ class ServerPolicy(abc.ABC):
 
   @abc.abstractmethod
   def step(self, env_ids: np.ndarray, observation: np.ndarray, reset: np.ndarray,
-           greedy: np.ndarray) -> PolicyStep:
+           eval_mask: np.ndarray) -> PolicyStep:
     """Picks actions for a batch of distinct envs and advances their state.
 
     Args:
@@ -40,7 +40,8 @@ class ServerPolicy(abc.ABC):
       observation: `[B, *obs_shape]` in the env's own dtype (uint8 frames stay uint8
         on the wire; the policy converts on the accelerator).
       reset: bool `[B]`; these envs act from the initial recurrent state.
-      greedy: bool `[B]`; greedy envs take the most likely action (evaluation).
+      eval_mask: bool `[B]`: the envs of `Mode.EVAL` requests (the evaluator), which
+        take the most likely action and are not trained on.
     """
 
   @abc.abstractmethod
@@ -62,13 +63,13 @@ class StatelessPolicy(ServerPolicy):
     self.num_envs = num_envs
 
   @abc.abstractmethod
-  def act(self, observation: np.ndarray, greedy: np.ndarray,
+  def act(self, observation: np.ndarray, eval_mask: np.ndarray,
           env_ids: np.ndarray) -> PolicyStep:
     """Actions (and extras) for a batch; `state` in the result is ()."""
 
-  def step(self, env_ids, observation, reset, greedy) -> PolicyStep:
+  def step(self, env_ids, observation, reset, eval_mask) -> PolicyStep:
     del reset  # Nothing to reset.
-    return self.act(observation, greedy, env_ids)
+    return self.act(observation, eval_mask, env_ids)
 
   def state_of(self, env_ids: Sequence[int]) -> Nest:
     return ()

@@ -1,0 +1,33 @@
+"""The learner contract: the training side of the central node, as an agent gives it.
+
+`LearnerLoop` (`seedacme.learner.loop`) steps it on a background thread; the
+checkpointer saves its `checkpoint_state()`.
+"""
+
+import abc
+from typing import Any, Dict
+
+
+class Learner(abc.ABC):
+  """The training side of the central node."""
+
+  @abc.abstractmethod
+  def step(self) -> Dict[str, float] | None:
+    """One SGD step; returns its metrics, or None if no data arrived in time."""
+
+  @abc.abstractmethod
+  def checkpoint_state(self) -> Dict[str, Any]:
+    """Everything trained that a restart must not lose: networks, optimizer, counters
+    (TF trackables; saved with `tf.train.Checkpoint`)."""
+
+  def warm_up(self) -> bool:
+    """Builds the SGD step's graph before the first batch arrives; returns whether the
+    step is traced now (False: this learner has nothing to trace ahead).
+
+    Tracing a learner step takes seconds; done while actors start and fill the replay,
+    it is off the path to the first learner step.
+    """
+    return False
+
+  def close(self) -> None:
+    """Releases datasets and threads."""

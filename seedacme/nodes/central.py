@@ -1,0 +1,245 @@
+"""The central node: inference and learning in one process, one set of variables.
+
+Launchpad runs it as a Courier node. It composes parts that each have one job:
+
+    acting log      `ActingLog`: the run's one acting account
+    inference       `InferenceServer` (central inference: Courier handler threads call
+                    `step`; it counts what it serves into the acting log), or none
+    report intake   `ReportIntake` (actor-side inference: actors call `report_acting`;
+                    it adds their deltas to the acting log), or none
+    learner loop    `LearnerLoop`: the agent's learner on a background thread
+    run monitor     `RunMonitor`: progress records, budgets and targets, the summary
+    checkpoints     `Checkpointer` (periodic, at the end, resume) and `export_policy`
+
+`run` is the node's main loop; whatever ends it (a target, a budget, a signal, a failed
+learner), it ends in `finish(reason)`, the one end of a run: the learner stops, the
+summary is written once, the last checkpoint and the policy export are saved, and the
+node stops. Inference and learning use the same network objects, so inference always
+runs the latest parameters and no parameters cross the network.
+"""
+
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Sequence
+
+from absl import logging
+import numpy as np
+
+from seedacme.builder import SeedBuilder
+from seedacme.config import ProgramConfig
+from seedacme.learner.checkpointing import Checkpointer, export_policy
+from seedacme.learner.loop import LearnerLoop
+from seedacme.nodes.report_intake import ReportIntake
+from seedacme.run.accounting import ActingLog
+from seedacme.run.monitor import RunMonitor, StopKind, StopReason
+from seedacme.run.progress import format_line
+from seedacme.runtime.devices import compute_device
+from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.serving.server import InferenceServer
+from seedacme.types import EnvSpec, Mode
+from seedacme.wire.protocol import InvalidRequestError
+from seedacme.wire.reports import POLICY_VARIABLES
+
+# How long a node that asked the launcher to stop the program keeps serving, waiting
+# for its own stop signal (actors are not left retrying against a closed server).
+PROGRAM_STOP_WAIT_S = 60.0
+
+
+def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
+                          config: ProgramConfig, replay: Any,
+                          acting: ActingLog) -> InferenceServer:
+  """Central inference: the agent's batched policy, its batch step compiled, serving
+  every actor and counting into `acting`."""
+  policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
+  sink = builder.make_trajectory_sink(replay, config.num_envs, spec) if config.train \
+      else None
+  server = InferenceServer(
+      policy, spec, config.num_envs, sink,
+      max_batch_envs=config.inference_batch_envs or config.num_train_envs,
+      batch_timeout_s=config.inference_timeout_ms / 1e3, acting=acting)
+  # Compile the batch sizes every run sees (one actor's request, all actors' requests
+  # together) before serving; other sizes compile on first use.
+  started = time.monotonic()
+  policy.warm_up([config.envs_per_actor, config.num_train_envs])
+  logging.info('Inference batch step compiled in %.1fs (device %s)',
+               time.monotonic() - started, getattr(policy, 'device', 'host'))
+  return server
+
+
+class CentralNode:
+  """Batched inference for all actors + the learner (SEED's accelerator host)."""
+
+  def __init__(self, builder: SeedBuilder, spec: EnvSpec, config: ProgramConfig,
+               replay: Any, stop_program: Callable[[], None] | None = None,
+               stop_event: threading.Event | None = None):
+    self._builder = builder
+    self._config = config
+    self._stop_program = stop_program
+    self._stop = stop_event
+    self._spec = spec
+    self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
+    self._networks = builder.make_networks(spec)
+    self._policy_variables = builder.policy_network(self._networks).variables
+    self.acting = ActingLog()
+    self.server: InferenceServer | None = None
+    self.intake: ReportIntake | None = None
+    if config.inference == 'central':
+      self.server = make_inference_server(builder, self._networks, spec, config, replay,
+                                          self.acting)
+    else:
+      self.intake = ReportIntake(self.acting, config.envs_per_actor)
+    serving = self.server if self.server is not None else self.intake
+    self.learner = builder.make_learner(self._networks, replay, spec)
+    self.monitor = RunMonitor(config, self.acting, serving, replay)
+    self.learner_steps = 0  # restored on resume; the learner loop continues from it
+    self._checkpointer = None
+    self.resumed_from: int | None = None
+    if config.checkpoint_interval_s is not None:
+      self._checkpointer = Checkpointer(os.path.join(config.logdir, 'checkpoints'),
+                                        self.learner.checkpoint_state(),
+                                        config.checkpoint_interval_s)
+      restored = self._checkpointer.restore()
+      if restored is not None:
+        self.resumed_from = self.learner_steps = restored['learner_steps']
+        self.acting.restore(restored['env_steps'], restored['episodes'])
+        self.monitor.progress.log_event(
+            f'resumed from checkpoint at learner step {self.learner_steps}, env step '
+            f'{self.acting.env_steps()}')
+    self.monitor.restart_clock(self.learner_steps)
+    self.loop: LearnerLoop | None = None
+    self.stop_reason: StopReason | None = None  # set once, by `finish`
+    self.summary: Dict[str, Any] | None = None
+    self._finish_lock = threading.Lock()
+    self._closing = False
+    logging.info('Central node ready (%s inference%s): %d envs (%d training), batch of '
+                 '%d envs, timeout %.1f ms', config.inference,
+                 '' if config.train else ', acting only', config.num_envs,
+                 config.num_train_envs, serving.max_batch_envs,
+                 config.inference_timeout_ms)
+
+  # ---- Courier methods -------------------------------------------------------------
+  def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Inference for one actor's batch of envs (see `seedacme.wire.protocol`)."""
+    if self.server is None:
+      if self._closing:
+        return {'shutting_down': 'the program is stopping'}
+      raise InvalidRequestError(
+          "this program runs actor-side inference (inference='actor'): the central "
+          'node serves no inference steps')
+    return self.server.step(request)
+
+  def progress(self) -> Dict[str, Any]:
+    """The latest progress record."""
+    return dict(self.monitor.last_record)
+
+  def get_variables(self, names: Sequence[str]) -> List[List[np.ndarray]]:
+    """Acme's `VariableSource`: the policy's parameters, for actor-side inference."""
+    unknown = [n for n in names if n != POLICY_VARIABLES]
+    if unknown:
+      raise ValueError(f'unknown variable collections {unknown}; the central node '
+                       f'serves {POLICY_VARIABLES!r}')
+    return [[v.numpy() for v in self._policy_variables] for _ in names]
+
+  def report_acting(self, report: Dict[str, Any]) -> None:
+    """Progress from an actor that runs its own inference (`inference='actor'`)."""
+    if self.intake is None:
+      raise InvalidRequestError('report_acting: this program runs central inference')
+    self.intake.report(report)
+
+  # ---- the run -----------------------------------------------------------------------
+  def _learner_state(self):
+    loop = self.loop
+    return (loop.steps, loop.metrics) if loop is not None else (self.learner_steps, {})
+
+  def _counters(self) -> Dict[str, int]:
+    return {'learner_steps': self._learner_state()[0],
+            'env_steps': self.acting.env_steps(),
+            'episodes': self.acting.episodes(Mode.TRAIN)}
+
+  def run(self) -> None:
+    """Trains until a target, a budget, the stop event or a learner failure; then
+    `finish`es the run.
+
+    The learner steps in a background thread (`LearnerLoop`). This (main) thread
+    reports progress, checkpoints and checks the budgets on its own clock.
+    """
+    if self._stop is None:
+      self._stop = default_stop_event()
+    c = self._config
+    self.loop = loop = LearnerLoop(
+        self.learner, self._stop, c.learner_step_delay_s,
+        should_stop=lambda steps: (self.stop_reason is not None
+                                   or self.monitor.learner_budget(steps) is not None),
+        steps=self.learner_steps)
+    if c.train:
+      loop.start()
+    next_progress = time.monotonic() + c.progress_interval_s
+    reason = None
+    try:
+      while reason is None and not self._stop.wait(0.2):
+        learner_ended = loop.done.is_set()
+        if time.monotonic() >= next_progress or learner_ended:
+          next_progress = time.monotonic() + c.progress_interval_s
+          reason = self.monitor.report(loop.steps, loop.metrics)
+          if reason is None and self._checkpointer is not None:
+            self._checkpointer.maybe_save(self._counters())
+        if reason is None and learner_ended:
+          reason = StopReason(StopKind.LEARNER_FAILED)
+    finally:
+      if reason is None:
+        reason = StopReason(StopKind.LEARNER_FAILED if loop.error else
+                            StopKind.STOP_REQUESTED)
+      self.finish(reason)
+    if loop.error is not None:
+      raise loop.error
+
+  def finish(self, reason: StopReason) -> Dict[str, Any]:
+    """The one end of a run, whichever stop `reason` is; the summary it wrote.
+
+    1. The learner stops (its thread ends after the step in flight).
+    2. `summary.json` is written, once, over the run's steady window.
+    3. The last checkpoint is saved (not after a failed learner: the last good one
+       stays), and after a planned end (a target or a budget) the policy is exported.
+    4. The program stops: after a planned end with a program stopper, the launcher is
+       asked to stop every node, and this node keeps serving until its own stop signal
+       arrives; then serving and learning shut down.
+    A second call returns the first call's summary.
+    """
+    with self._finish_lock:
+      if self.summary is not None:
+        return self.summary
+      if self._stop is None:
+        self._stop = default_stop_event()
+      self.stop_reason = reason
+      loop = self.loop
+      stopped = loop is None or loop.join(5)
+      if not stopped:
+        logging.warning('Learner thread still blocked after 5s; finishing without it')
+      self.summary = self.monitor.summarize(*self._learner_state(), reason,
+                                            self.resumed_from)
+      logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
+                   format_line(self.summary))
+      if self._checkpointer is not None and stopped and \
+          reason.kind is not StopKind.LEARNER_FAILED:
+        self._checkpointer.save(self._counters())
+      if self._config.export_policy and reason.is_budget:
+        path = os.path.join(self._config.logdir, 'saved_model')
+        export_policy(self._builder.policy_network(self._networks), self._spec, path)
+        logging.info('Exported the policy to %s', path)
+      if reason.is_budget and self._stop_program is not None:
+        logging.info('Run ended (%s): stopping the program', reason.sentence())
+        self._stop_program()
+        self._stop.wait(PROGRAM_STOP_WAIT_S)
+      self._stop.set()
+      self.shutdown()
+      return self.summary
+
+  def shutdown(self) -> None:
+    """Stops serving and learning, without waiting out timeouts: new requests are
+    refused, the trajectory sink closes (a batch blocked on a full table ends at once),
+    then the batcher stops and the learner releases its dataset."""
+    self._closing = True
+    if self.server is not None:
+      self.server.shutdown()
+    self.learner.close()

@@ -1,0 +1,101 @@
+"""The replay node: Reverb tables in a supervised, checkpointed process.
+
+`ReplayNode` is Launchpad's Reverb node with seedacme's lifecycle (below);
+`serve_replay` is its child process's work: a Reverb server on the node's port that
+loads the latest checkpoint after a crash.
+"""
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+from absl import logging
+import launchpad as lp
+
+from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.runtime.supervisor import Supervisor, exit_node
+
+
+class ReplayNode(lp.ReverbNode):
+  """Launchpad's Reverb node, supervised, checkpointed, and outliving its clients briefly.
+
+  * Supervised (`supervise=True`): the Reverb server runs in a child process
+    (`serve_replay`) that is restarted on the same port when it dies; the
+    central node's writers and the learner's dataset reconnect by themselves.
+  * Checkpointed (`checkpoint_interval_s`): the child writes a Reverb checkpoint this
+    often into a directory owned by this (supervisor) process, and a restarted child
+    loads the latest one -- R2D2's prioritized replay survives a crash. The directory
+    is removed when the node stops: a resumed *program* still starts with empty tables.
+  * Grace period: Launchpad signals every node at once. If the Reverb server vanished
+    first, a learner waiting inside a Reverb sample would block on a dead server
+    instead of timing out normally and seeing the stop signal.
+  """
+
+  def __init__(self, priority_tables_fn, grace_s: float = 2.0, supervise: bool = True,
+               checkpoint_interval_s: float | None = None, standby: bool = False):
+    super().__init__(priority_tables_fn)
+    self._grace_s = grace_s
+    self._supervise = supervise
+    self._checkpoint_interval_s = checkpoint_interval_s
+    self._standby = standby  # a standby child with Reverb imported (seedacme.runtime.supervisor)
+
+  def run(self):
+    # Reverb's default checkpointer makes a temp dir per server and never removes it.
+    checkpoint_dir = tempfile.mkdtemp(prefix='seedacme_reverb_')
+    port = lp.get_port_from_address(self._address.resolve())
+    kwargs = dict(port=port, tables_fn=self._priority_tables_fn,
+                  checkpoint_dir=checkpoint_dir, grace_s=self._grace_s,
+                  checkpoint_interval_s=self._checkpoint_interval_s)
+    try:
+      if self._supervise:
+        Supervisor(serve_replay, kwargs, 'replay',
+                              standby_imports=('reverb',) if self._standby else ()).run()
+      else:
+        serve_replay(stop_event=None, **kwargs)
+    finally:
+      shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    if self._supervise:
+      exit_node()  # the server is stopped and its files gone (see exit_node)
+
+
+def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Callable[[], Any],
+                 checkpoint_dir: str, grace_s: float,
+                 checkpoint_interval_s: float | None) -> None:
+  """Entry point of a (supervised) replay process: a Reverb server on `port`.
+
+  The server loads the latest checkpoint under `checkpoint_dir` when there is one (a
+  restart after a crash). With `checkpoint_interval_s` it writes a new checkpoint that
+  often and deletes the older ones, so the directory holds at most one complete
+  checkpoint besides the one being written.
+  """
+  import reverb  # pylint: disable=g-import-not-at-top
+  if stop_event is None:
+    stop_event = default_stop_event()
+  restoring = bool(os.listdir(checkpoint_dir))
+  server = reverb.Server(tables=tables_fn(), port=port,
+                         checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
+  client = reverb.Client(f'localhost:{port}')
+  if restoring:
+    sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
+    logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
+  try:
+    while not stop_event.wait(checkpoint_interval_s or 3600.0):
+      if checkpoint_interval_s is None:
+        continue
+      try:
+        latest = client.checkpoint()
+      except Exception:  # pylint: disable=broad-except
+        logging.exception('replay: checkpoint failed (the next one is tried in %.0fs)',
+                          checkpoint_interval_s)
+        continue
+      # Reverb names checkpoints by time under `checkpoint_dir`; keep only the newest.
+      for entry in os.listdir(checkpoint_dir):
+        path = os.path.join(checkpoint_dir, entry)
+        if os.path.abspath(path) != os.path.abspath(latest) and os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+    time.sleep(grace_s)  # Outlive clients still stopping (see ReplayNode).
+  finally:
+    server.stop()

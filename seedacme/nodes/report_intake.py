@@ -1,0 +1,73 @@
+"""The central node's intake of acting reports, when actors run their own inference.
+
+With actor-side inference (`ProgramConfig.inference = 'actor'`) each actor sends
+`report_acting(report)` (`seedacme.wire.reports`) every few seconds. `ReportIntake`
+checks each one, adds its acting delta to the central node's `ActingLog` and sums its
+batch statistics and trajectory counters, so the run monitor reads the same numbers it
+reads from a central `InferenceServer` (`seedacme.run.monitor.ActingSource`). It lives with the nodes: only the central
+node takes reports.
+"""
+
+import threading
+from typing import Any, Dict
+
+import numpy as np
+
+from seedacme.run.accounting import ActingLog
+from seedacme.serving.batcher import BatcherStats
+from seedacme.wire.reports import ActingReport, check_report
+
+
+class ReportIntake:
+  """Adds up the actors' `report_acting` calls into one `ActingLog` and batch stats."""
+
+  def __init__(self, acting: ActingLog, envs_per_actor: int):
+    self._lock = threading.Lock()
+    self.acting = acting
+    self.actor_restarts = 0
+    self.requests_refused = 0
+    self.max_batch_envs = self.batch_capacity = envs_per_actor
+    self._batches = self._units = self._full = 0
+    self._latency_sum = 0.0
+    self._p99 = float('nan')
+    self._trajectory: Dict[int, Dict[str, float]] = {}
+
+  def report(self, report: Dict[str, Any]) -> None:
+    """Adds one actor's report; `InvalidRequestError` (to that actor) if malformed."""
+    report = check_report(report)
+    source = int(report['source'])
+    with self._lock:
+      batches = int(report['batches'])
+      self._batches += batches
+      self._units += int(report['units'])
+      self._full += int(report['full_batches'])
+      if batches:
+        self._latency_sum += float(report['mean_latency_ms']) * batches
+        p99 = float(report['p99_latency_ms'])
+        self._p99 = p99 if np.isnan(self._p99) else max(self._p99, p99)
+      if report['trajectory']:
+        self._trajectory[source] = dict(report['trajectory'])
+    self.acting.add_report(ActingReport.from_wire(report))
+
+  def batch_stats(self, reset: bool = False) -> BatcherStats:
+    with self._lock:
+      b = self._batches
+      stats = BatcherStats(
+          batches=b, items=b, units=self._units, full_batches=self._full,
+          mean_batch_units=self._units / b if b else 0.0,
+          mean_latency_ms=self._latency_sum / b if b else float('nan'),
+          p99_latency_ms=self._p99)
+      if reset:
+        self._batches = self._units = self._full = 0
+        self._latency_sum = 0.0
+        self._p99 = float('nan')
+      return stats
+
+  def trajectory_stats(self) -> Dict[str, float]:
+    """The actors' sink counters, summed over actors."""
+    with self._lock:
+      total: Dict[str, float] = {}
+      for stats in self._trajectory.values():
+        for k, v in stats.items():
+          total[k] = total.get(k, 0) + v
+      return total
