@@ -9,7 +9,7 @@ Three parts, all Pong, frames/s = env steps x 4 (action repeat):
 1. ceiling: ale-py's `AtariVectorEnv` alone, random actions, 16 envs, batch 8, 2 threads
    (the EnvPool loop: recv a batch, send its actions) -- the setting of
    shared/notes/atari-envs.md.
-2. actor: the real `EnvActor` loop (seedacme/actor.py) with each engine ('python',
+2. actor: the real `EnvActor` loop (seedacme/actor/env_actor.py) with each engine ('python',
    'vector_sync', 'vector_async') and K envs, against a fake in-process inference server
    that answers random actions either at once (zero latency) or from another thread
    after a fixed delay (a simulated server round trip). No TensorFlow, no Courier.

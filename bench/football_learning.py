@@ -17,7 +17,7 @@ Learning (default), on `academy_empty_goal_close`:
    scoring rate with sampled actions (as it trains) and greedy actions. Raw means goals
    only: with `--rewards scoring,checkpoints` the program's returns are shaped, and the
    scoring rates come from `FootballEnv.episode_score`, never from the reward.
-4. Writes <logdir>/curve.csv and curve.png (seedacme/curves.py; with `scoring` rewards
+4. Writes <logdir>/curve.csv and curve.png (seedacme/run/curves.py; with `scoring` rewards
    the training return IS the scoring rate), and a JSON summary to
    <logdir>/learning_summary.json and bench/results/football_learning[_smoke].json;
    prints a table.

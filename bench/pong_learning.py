@@ -15,7 +15,7 @@
    `num_actors` processes each stepping `envs_per_actor` envs of the same game with the
    same engine and random actions, no inference and no RPC (`harness.env_ceiling`). The
    run's acting throughput is reported as a fraction of it.
-4. Writes <logdir>/curve.csv and curve.png (seedacme/curves.py) and a JSON summary
+4. Writes <logdir>/curve.csv and curve.png (seedacme/run/curves.py) and a JSON summary
    (frames/s, duration, returns, the baseline, the ceiling) to
    <logdir>/learning_summary.json and bench/results/pong_learning[_smoke].json.
 

@@ -3,9 +3,9 @@
     .venv/bin/python bench/tf_call_floor.py     # ~30 s
 
 The central node's batch step is one call of a compiled function per batch
-(`seedacme/tf_policy.py`), so the cost of a call with almost no work bounds how many
+(`seedacme/serving/tf_policy.py`), so the cost of a call with almost no work bounds how many
 batches per second one server core can run. Measured the way the server calls it
-(`tf_policy._direct_call`: the compiled graph, no `tf.function` argument handling), for
+(`tf_policy.direct_call`: the compiled graph, no `tf.function` argument handling), for
 a trivial function (x + 1) and for nine 64x64 matmul layers with their variables
 captured (about the V-trace Catch MLP's work and variable count), with and without XLA,
 batch 16, interleaved in one process (median of 5 rounds of 300 calls, result fetched
@@ -22,7 +22,7 @@ import numpy as np
 from harness import machine, print_table, write_json
 
 # seedacme first, as the central node imports it: its TF settings (oneDNN) apply.
-from seedacme.serving.tf_policy import _direct_call  # pylint: disable=g-import-not-at-top
+from seedacme.serving.tf_policy import direct_call  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 ROUNDS, CALLS = 5, 300
@@ -40,7 +40,7 @@ def main() -> int:
     return (x + 1.0,)
 
   spec = tf.TensorSpec([16, 64], tf.float32)
-  calls = {(name, jit): _direct_call(tf.function(fn, jit_compile=jit).get_concrete_function(spec))
+  calls = {(name, jit): direct_call(tf.function(fn, jit_compile=jit).get_concrete_function(spec))
            for name, fn in (('trivial', trivial), ('mlp 9 layers', mlp)) for jit in (True, False)}
   x = np.ones([16, 64], np.float32)
   times = {key: [] for key in calls}

@@ -3,7 +3,7 @@
 The EnvPool idea: the emulators, frame skip, max-pooling, resizing and frame stacking
 run in C++ worker threads that release the GIL, so an actor spends its Python time on
 one call per batch instead of K `env.step` calls. Two engines, both producing exactly
-what `envs/batched.BatchedEnv` over `envs/atari.py` envs produces:
+what `seedacme.actor.engines.BatchedEnv` over `envs/atari.py` envs produces:
 
 * `AtariVectorEnv` (sync): the `BatchedEnv` interface -- `reset()`, `step(actions)` for
   all K envs at once.

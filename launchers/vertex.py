@@ -6,34 +6,36 @@ Launchpad 0.5.0 launches `vertex_ai` programs through xmanager (optional extra:
 `pip install -r requirements/vertex.txt -c requirements/constraints.txt`). Every node
 group becomes a `python:3.10` image (Launchpad's fixed base: the launching Python's
 version) built from this repository and a requirements file: `requirements/lock.txt`,
-plus `requirements/vertex_gpu.txt` (CUDA 11 / cuDNN 8 wheels, `seedacme/cuda_libs.py`)
+plus `requirements/vertex_gpu.txt` (CUDA 11 / cuDNN 8 wheels, `seedacme/runtime/cuda_libs.py`)
 for a GPU learner. Nodes with identical hardware and requirements share a worker pool.
 Vertex AI allows at most 4 worker pools and the first must have exactly one replica.
 
 `--dry_run` needs no xmanager and no cloud credentials: it builds the real program,
 derives the job plan exactly as Launchpad will (pools, replicas, images, hardware),
 validates it and prints it. Without `--dry_run` it also checks the GCP setup
-(GOOGLE_CLOUD_BUCKET_NAME, credentials) and launches.
+(GOOGLE_CLOUD_BUCKET_NAME, credentials) and launches. `--emulate` builds the same
+executables and runs every replica on this host instead (`launchers/emulation.py`): the
+Vertex path tested without a cloud. Machines of your own have their own entry point,
+`launchers/cluster.py`, which runs on the same emulation.
 """
 
 import argparse
 import atexit
 import collections
 import dataclasses
-import functools
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from typing import Dict, List, Sequence, Tuple
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
+from seedacme.launchers import emulation
 from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = emulation.REPO_ROOT
 # Launchpad 0.5.0's `to_docker_executables` builds on python:<the launching Python>.
 BASE_IMAGE = f'python:{sys.version_info.major}.{sys.version_info.minor}'
 LOCK = os.path.join(REPO_ROOT, 'requirements', 'lock.txt')
@@ -96,17 +98,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--emulate', action='store_true',
                  help='build the real Vertex executables and run every replica as a local '
                  'process from its copied code, with a loopback CLUSTER_SPEC '
-                 '(launchers/cluster.py); needs xmanager, no cloud')
+                 '(launchers/emulation.py); needs xmanager, no cloud')
   p.add_argument('--emulate_logs', default=None,
                  help='--emulate: where replica logs go (default <logdir>/replicas)')
-  p.add_argument('--cluster_spec', default=None,
-                 help='--emulate on your own machines: JSON (or @file) of '
-                 '{"workerpool0": ["host:port"], ...}, every replica of every pool as '
-                 '--dry_run lists them; default: every replica on this host, loopback')
-  p.add_argument('--replicas', default=None,
-                 help='with --cluster_spec: the replicas this host starts, e.g. '
-                 'workerpool0/0,workerpool2/1 (default: all)')
+  # Moved to the own-machines launcher; kept (hidden) to say so instead of "unrecognized".
+  p.add_argument('--cluster_spec', default=None, help=argparse.SUPPRESS)
+  p.add_argument('--replicas', default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
+
+
+MOVED_TO_CLUSTER = ('vertex: --cluster_spec and --replicas (a run across your own machines) '
+                    'moved to `python -m seedacme.launchers.cluster <env> <agent> ... '
+                    '--cluster_spec ... --replicas ...` (same program flags; see its '
+                    '--dry_run); `vertex --emulate` alone runs every replica on this host')
 
 
 def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
@@ -226,7 +230,12 @@ def docker_requirements(pool: WorkerPool, directory: str) -> str:
   return path
 
 
-def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
+def xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
+  """Node group -> the `lp.DockerConfig` Launchpad builds its pool's image from.
+
+  The pool's code directory, its one requirements file (`docker_requirements`) and its
+  hardware as an `xm.JobRequirements`; needs xmanager (requirements/vertex.txt).
+  """
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from xmanager import xm  # pylint: disable=g-import-not-at-top
   joined = tempfile.mkdtemp(prefix='seedacmereqs')
@@ -246,14 +255,14 @@ def _xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
 # What a container needs of the repository: the package, its mapped subpackages and the
 # files setup.py reads. Not the virtualenv, runs, .git or caches (Launchpad copies the
 # whole code directory into every image).
-_CODE = ('seedacme', 'agents', 'envs', 'launchers', 'setup.py', 'requirements')
+CODE = emulation.PACKAGES + ('setup.py', 'requirements')
 
 
 def stage_code_directory() -> str:
   """A temp dir with only the code a container needs (removed at exit)."""
   staged = tempfile.mkdtemp(prefix='seedacmecode')
   atexit.register(shutil.rmtree, staged, ignore_errors=True)
-  for name in _CODE:
+  for name in CODE:
     src = os.path.join(REPO_ROOT, name)
     if os.path.isdir(src):
       shutil.copytree(src, os.path.join(staged, name),
@@ -263,52 +272,25 @@ def stage_code_directory() -> str:
   return staged
 
 
-def _emulate(program, pools: List[WorkerPool], logdir: str, log_dir: str | None,
-             cluster_spec: str | None, only: str | None) -> int:
-  """Runs replicas locally from Launchpad's Vertex executables (launchers/cluster.py).
+def temp_dir_error() -> str | None:
+  """Why Launchpad cannot build executables under this temp dir, or None.
 
-  Without `cluster_spec`, every replica on this host with loopback addresses. With it,
-  the given addresses, and only the replicas `only` names (the others run on other
-  hosts, started there with the same command): the run's `summary.json` appearing in
-  the logdir (shared by the hosts) tells a host without the central node to stop.
+  Launchpad 0.5.0's `to_docker_executables` draws temp dirs until one has no '_'
+  (Vertex rejects it): under a TMPDIR containing '_' it would loop forever.
   """
-  from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
-  built = cluster.build_pools(program, pools, _xm_resources(pools))
-  try:
-    hosts = cluster.parse_cluster_spec(cluster_spec, built) if cluster_spec else None
-    mine = cluster.parse_replicas(only, built)
-  except ValueError as e:
-    print(f'vertex: {e}', file=sys.stderr)
-    return 2
-  spec = cluster.cluster_spec(built, hosts)
-  replicas = cluster.Replicas(summary_path=os.path.join(logdir, 'summary.json')
-                              if only else None)
-  signal.signal(signal.SIGTERM, replicas.request_stop)
-  signal.signal(signal.SIGINT, replicas.request_stop)
-  forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in _CODE[:4])
-  log_dir = log_dir or os.path.join(logdir, 'replicas')
-  for name, directory, command, count in built:
-    for index in range(count):
-      if (name, index) in mine:
-        replicas.start(name, directory, command, index, spec, forbidden, log_dir)
-  print(f'vertex --emulate: {len(replicas.procs)} of {sum(b[3] for b in built)} replicas in '
-        f'{len(built)} pools ({", ".join(f"{b[0]} x {b[3]}" for b in built)}) on this host; '
-        f'logs in {log_dir}', flush=True)
-  codes = replicas.wait()
-  failed = {n: c for n, c in codes.items() if c != 0}
-  print(f'vertex --emulate: replicas ended: {codes}', flush=True)
-  return 1 if failed else 0
+  if '_' not in tempfile.gettempdir():
+    return None
+  return (f'the temp dir {tempfile.gettempdir()!r} contains "_", which Launchpad 0.5.0 '
+          f'cannot use for Vertex executables; set TMPDIR to a path without "_"')
 
 
 def _check_cloud_setup() -> List[str]:
   problems = []
   if not os.environ.get('GOOGLE_CLOUD_BUCKET_NAME'):
     problems.append('set GOOGLE_CLOUD_BUCKET_NAME to a GCS bucket for job files and logs')
-  try:
-    import xmanager  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    problems.append('xmanager is not installed: .venv/bin/pip install -r '
-                    'requirements/vertex.txt -c requirements/constraints.txt')
+  xmanager = emulation.missing_xmanager()
+  if xmanager:
+    problems.append(xmanager)
   try:
     import google.auth  # pylint: disable=g-import-not-at-top
     google.auth.default()
@@ -319,11 +301,16 @@ def _check_cloud_setup() -> List[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.cluster_spec or args.replicas:
+    print(MOVED_TO_CLUSTER, file=sys.stderr)
+    return 2
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 
   bucket = os.environ.get('GOOGLE_CLOUD_BUCKET_NAME', '<bucket>')
   logdir = args.logdir or f'gs://{bucket}/seedacme/{args.env}_{args.agent}'
+  if args.emulate and '://' not in logdir:
+    logdir = os.path.abspath(logdir)  # the replicas run from their copied directories
   try:
     factory, spec, builder, config = make_program_inputs(
         args, logdir, accelerator=None if args.accelerator == 'none' else args.accelerator)
@@ -333,18 +320,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   launch_type = lp.LaunchType.VERTEX_AI
   if args.emulate:
     # The central node's stopper signals this launcher, which stops every replica.
-    stop_program = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+    stop_program = emulation.program_stopper()
   else:
     stop_program = None if args.dry_run else lp.make_program_stopper(launch_type)
   program = program_lib.make_program(builder, factory, spec, config, stop_program=stop_program,
                                      name=f'seedacme-{args.env}-{args.agent}')
   groups = {label: len(nodes) for label, nodes in program.groups.items()}
-  if not args.dry_run and '_' in tempfile.gettempdir():
-    # to_docker_executables draws temp dirs until one has no '_' (Vertex rejects it):
-    # under such a TMPDIR it would loop forever.
-    print(f'vertex: the temp dir {tempfile.gettempdir()!r} contains "_", which Launchpad '
-          f'0.5.0 cannot use for Vertex executables; set TMPDIR to a path without "_"',
-          file=sys.stderr)
+  problem = None if args.dry_run else temp_dir_error()
+  if problem:
+    print(f'vertex: {problem}', file=sys.stderr)
     return 2
   code_directory = REPO_ROOT if args.dry_run else stage_code_directory()
   hardware = group_hardware(args, replay_memory_gb(builder, spec))
@@ -370,13 +354,17 @@ def main(argv: Sequence[str] | None = None) -> int:
       print('vertex: plan is valid (dry run: nothing launched)')
     return 0
   if args.emulate:
-    return _emulate(program, pools, logdir, args.emulate_logs, args.cluster_spec,
-                    args.replicas)
+    problem = emulation.missing_xmanager()
+    if problem:
+      print(f'vertex: {problem}', file=sys.stderr)
+      return 2
+    return emulation.run(program, {p.name: p.nodes for p in pools}, xm_resources(pools),
+                         logdir, args.emulate_logs, launcher='vertex --emulate')
   problems = _check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)
     return 2
-  lp.launch(program, launch_type=launch_type, xm_resources=_xm_resources(pools))
+  lp.launch(program, launch_type=launch_type, xm_resources=xm_resources(pools))
   return 0
 
 

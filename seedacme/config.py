@@ -32,7 +32,7 @@ class ProgramConfig:
       resume from there on restart (None: no checkpoints).
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
     supervise: run actors, evaluator and the central node as supervised child processes
-      that are restarted when they die (seedacme.supervisor).
+      that are restarted when they die (seedacme.runtime.supervisor).
     standby_restarts: the replay and central nodes keep a standby child with Reverb /
       TensorFlow already imported, which takes over at once when the working child
       dies (a restart without ~5-20 s of imports). Costs a process per node (~450 MB

@@ -18,7 +18,7 @@ ACCELERATOR_KINDS = ('GPU', 'TPU')
 class AcceleratorMissingError(RuntimeError):
   """The launch asked for an accelerator and TensorFlow sees none."""
 
-  fatal = True  # a supervisor does not restart it (see seedacme.supervisor)
+  fatal = True  # a supervisor does not restart it (see seedacme.runtime.supervisor)
 
 
 def _tf_devices() -> List[str]:

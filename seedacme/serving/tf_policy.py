@@ -59,7 +59,7 @@ def bucket_sizes(max_batch: int) -> Tuple[int, ...]:
     power *= 2
 
 
-def _direct_call(concrete) -> Callable[..., List[tf.Tensor]]:
+def direct_call(concrete) -> Callable[..., List[tf.Tensor]]:
   """A caller of `concrete`'s compiled graph that skips ConcreteFunction.__call__.
 
   `__call__` re-validates and re-converts its arguments on every call (~100-170 us
@@ -136,7 +136,7 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
           tf.TensorSpec((bucket,) + tuple(self._spec.observation_shape),
                         tf.as_dtype(self._spec.dtype)),
           tf.TensorSpec([bucket], tf.bool), tf.TensorSpec([bucket], tf.bool))
-      call = self._calls[bucket] = _direct_call(concrete)
+      call = self._calls[bucket] = direct_call(concrete)
     return call
 
   def _bucket(self, size: int) -> int:

@@ -20,7 +20,7 @@ FIRST, MID, LAST = (int(dm_env.StepType.FIRST), int(dm_env.StepType.MID),
 
 def _with_episodes(engine):
   """`engine.step` that also returns the episodes it ended, as the actor accounts them
-  (`seedacme.accounting.EpisodeTracker`; the engines report step types and rewards)."""
+  (`seedacme.run.accounting.EpisodeTracker`; the engines report step types and rewards)."""
   tracker, ids = EpisodeTracker(engine.num_envs), np.arange(engine.num_envs)
 
   def step(actions):

@@ -125,3 +125,129 @@ def test_no_test_imports_a_private_name_of_the_package():
         if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('seedacme'):
           private += [f'{path}: {a.name}' for a in node.names if a.name.startswith('_')]
   assert not private, private
+
+
+# ---- The core's shape: subpackages in the order of the data flow ----------------------
+# A module may import from its own subpackage and from any of lower rank, never upward
+# (README, "Where things are"). `seedacme.agents`, `.envs` and `.launchers` build on the
+# core; the core never imports them.
+CORE_RANKS = {
+    'types': 0, 'runtime': 0,
+    'config': 1, 'wire': 1,
+    'run': 2,
+    'serving': 3, 'trajectories': 3, 'learner': 3, 'networks': 3,
+    'builder': 4,
+    'actor': 5,
+    'nodes': 6,
+}
+OUTSIDE_THE_CORE = ('agents', 'envs', 'launchers')
+# Modules over this many lines say at their top why they are that long.
+LONG_MODULE_LINES = 300
+CORE_DIR = os.path.dirname(os.path.abspath(seedacme.__file__))
+
+
+def _core_modules():
+  for root, _, files in os.walk(CORE_DIR):
+    for name in files:
+      if name.endswith('.py') and name != '__init__.py':
+        path = os.path.join(root, name)
+        yield os.path.relpath(path, CORE_DIR)[:-3].split(os.sep), path
+
+
+def _seedacme_imports(path):
+  """Every `seedacme.<part>` a module imports (at any depth: lazy imports count)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    names = []
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names = [node.module] if node.module != 'seedacme' else \
+          [f'seedacme.{a.name}' for a in node.names]
+    elif isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    found.update(n.split('.')[1] for n in names
+                 if n.startswith('seedacme.') and len(n.split('.')) > 1)
+  return found
+
+
+def test_the_core_imports_only_downward_and_never_agents_envs_or_launchers():
+  wrong = []
+  for parts, path in _core_modules():
+    part = parts[0]
+    assert part in CORE_RANKS, f'{path}: add {part!r} to CORE_RANKS (and the README map)'
+    for target in _seedacme_imports(path):
+      if target in OUTSIDE_THE_CORE:
+        wrong.append(f'{"/".join(parts)} imports seedacme.{target}')
+      elif target != part and CORE_RANKS.get(target, 99) >= CORE_RANKS[part]:
+        wrong.append(f'{"/".join(parts)} (rank {CORE_RANKS[part]}) imports seedacme.'
+                     f'{target} (rank {CORE_RANKS.get(target)})')
+  assert not wrong, wrong
+
+
+def test_the_central_node_does_not_depend_on_the_actor_side():
+  assert 'actor' not in _seedacme_imports(os.path.join(CORE_DIR, 'nodes', 'central.py'))
+
+
+def test_long_core_modules_say_why_at_their_top():
+  import ast  # pylint: disable=g-import-not-at-top
+  unexplained = []
+  for parts, path in _core_modules():
+    source = open(path).read()
+    if source.count('\n') > LONG_MODULE_LINES:
+      doc = ast.get_docstring(ast.parse(source)) or ''
+      if 'lines' not in doc:  # e.g. "Why N lines: ..."
+        unexplained.append('/'.join(parts))
+  assert not unexplained, f'over {LONG_MODULE_LINES} lines without a reason: {unexplained}'
+
+
+def _private_uses(path):
+  """Private names of the package that `path` reads: imports, attribute reads of a
+  seedacme module or of a name imported from one, and `monkeypatch.setattr` targets."""
+  import ast  # pylint: disable=g-import-not-at-top
+  tree_ = ast.parse(open(path).read())
+  package_names = set()  # local names bound to seedacme modules or objects
+  found = []
+  for node in ast.walk(tree_):
+    if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('seedacme'):
+      for a in node.names:
+        package_names.add(a.asname or a.name)
+        if a.name.startswith('_'):
+          found.append(f'imports {a.name}')
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.startswith('seedacme'):
+          package_names.add(a.asname or a.name.split('.')[0])
+  for node in ast.walk(tree_):
+    if isinstance(node, ast.Attribute) and node.attr.startswith('_') and \
+        not node.attr.startswith('__'):
+      base = node.value
+      while isinstance(base, ast.Attribute):
+        base = base.value
+      if isinstance(base, ast.Name) and base.id in package_names:
+        found.append(f'reads {ast.unparse(node)}')
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr in ('setattr', 'delattr') and \
+        isinstance(node.func.value, ast.Name) and node.func.value.id == 'monkeypatch':
+      args = node.args
+      if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+        target = args[0].value  # 'module.path.name'
+        if target.startswith('seedacme') and target.rsplit('.', 1)[-1].startswith('_'):
+          found.append(f'monkeypatches {target}')
+      elif len(args) >= 2 and isinstance(args[1], ast.Constant) and \
+          str(args[1].value).startswith('_') and not str(args[1].value).startswith('__'):
+        found.append(f'monkeypatches {ast.unparse(args[0])}.{args[1].value}')
+  return found
+
+
+def test_tests_and_benches_use_only_public_names_of_the_package():
+  """Tests and benches go through the package's public seams: no private name of it
+  is imported, read or monkeypatched (a refactor must not have to edit them)."""
+  root = os.path.dirname(CORE_DIR)
+  private = []
+  for top in ('tests', 'bench'):
+    for dirpath, _, files in os.walk(os.path.join(root, top)):
+      for name in files:
+        if name.endswith('.py'):
+          path = os.path.join(dirpath, name)
+          private += [f'{os.path.relpath(path, root)}: {u}' for u in _private_uses(path)]
+  assert not private, private

@@ -1,4 +1,4 @@
-"""The compiled batch step (seedacme/tf_policy.py) against the network applied env by env.
+"""The compiled batch step (seedacme/serving/tf_policy.py) against the network applied env by env.
 
 The policy keeps every env's recurrent state in device tables and runs gather -> reset
 -> network -> action selection -> scatter as one compiled call per batch-size bucket.
