@@ -1,188 +1,161 @@
-"""Runs the Vertex AI executables without Vertex: every replica a local process.
+"""`launchers/cluster`: the same SEED program across machines of your own.
 
-`vertex.py --emulate` builds the worker pools' executables exactly as a Vertex launch
-does -- Launchpad's own `to_executables` per pool (`xm_docker.to_docker_executables`:
-`job.pkl`, `process_entry.py` and a copy of the code directory) after binding every
-node's address to the `CLUSTER_SPEC` Vertex would set -- and then, instead of building
-images and submitting a job, starts `python -m process_entry --data_file=job.pkl` for
-every replica, from that pool's copied directory, with a `CLUSTER_SPEC` of loopback
-addresses (one distinct port per node). A pickling problem, an import that only works
-from the checkout or a second port per node fails here as it would in the cloud.
+    python -m seedacme.launchers.cluster catch vtrace 2 8 --logdir /shared/runs/catch \\
+        --cluster_spec @cluster.json --replicas replay/0,learner/0      # on each host
 
-The program is stopped the Vertex way's equivalent: the central node's program stopper
-signals this launcher (SIGTERM), which passes SIGTERM to every replica (Launchpad's
-worker manager in each sets the node's stop event) and kills what is left after a grace
-period. What this cannot show: the image build, Vertex's DNS names, GCS, accelerators.
+Every node of the program is one replica with an address of its own: the cluster spec
+gives each replica's `host:port`, per node group (`{"replay": ["gpu-host:7000"],
+"learner": [...], "actor": [...], "evaluator": [...]}`; replica `actor/3` is node
+`actor/3`), and `--replicas` names the ones this host starts. Run the same command with
+the same code and flags on every host, each naming its replicas; the logdir must be one
+directory every host sees (NFS at the same path, or a `gs://` bucket).
+
+It runs on the machinery `vertex.py --emulate` tests (`launchers/emulation.py`):
+Launchpad's Vertex AI executables, which are the only ones in Launchpad 0.5.0 that read
+their peers' addresses from the environment (`CLUSTER_SPEC`), started as local processes
+from a copy of the code. Hence the need for xmanager (requirements/vertex.txt) although
+nothing goes to the cloud. The pools are the node groups, not Vertex's hardware-shaped
+worker pools: your machines are what they are, so no hardware flags and no Vertex
+pool rules. `--dry_run` builds the program, checks the cluster spec and `--replicas`
+against it and prints which replica starts where; it needs neither xmanager nor the
+other hosts.
 """
 
+import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
-import portpicker
+import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
+from seedacme.launchers import emulation, vertex
+from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
 
-# Set in every replica's environment to the checkout's path: `seedacme/__init__.py` then
-# fails any import of a file under it (an emulated replica must run from its copy only).
-FORBIDDEN_SOURCE_ENV = 'SEEDACME_FORBIDDEN_SOURCE'
+# --accelerator: what the central node must see (`seedacme.runtime.devices`).
+ACCELERATORS = {'none': None, 'gpu': 'GPU'}
 
 
-def build_pools(program, pools, xm_resources) -> List[Tuple[str, str, List[str], int]]:
-  """Binds addresses and builds each pool's executable as a Vertex launch would.
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog='launchers/cluster', description=__doc__.split('\n')[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  add_program_args(p, envs_per_actor=32, max_seconds=24 * 3600.0,
+                   logdir_help='one directory every host sees at the same path (NFS) or a '
+                   'gs:// bucket; required except with --dry_run',
+                   standby_restarts=True)
+  p.add_argument('--cluster_spec', default=None,
+                 help='JSON (or @file) of every replica\'s host:port per node group: '
+                 '{"replay": ["host:port"], "learner": [...], "actor": [...], ...} '
+                 '(--dry_run prints a template); required except with --dry_run')
+  p.add_argument('--replicas', default=None,
+                 help='the replicas this host starts, e.g. replay/0,learner/0 or '
+                 'actor/0,actor/1,evaluator/0 (default: all)')
+  p.add_argument('--accelerator', default='none', choices=tuple(ACCELERATORS),
+                 help='gpu: the central node (learner/0) refuses to start without one '
+                 'rather than train on the CPU')
+  p.add_argument('--replica_logs', default=None,
+                 help='where this host\'s replica logs go (default: <logdir>/replicas, '
+                 'or ./replicas for a gs:// logdir)')
+  p.add_argument('--dry_run', action='store_true',
+                 help='build the program, check --cluster_spec and --replicas, print which '
+                 'replica starts where; start nothing (needs no xmanager)')
+  p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  return p.parse_args(argv)
 
-  Args:
-    program: the Launchpad program.
-    pools: `vertex.WorkerPool`s in Vertex order (`vertex.plan_worker_pools`).
-    xm_resources: group -> `lp.DockerConfig` (`vertex._xm_resources`).
 
-  Returns:
-    (pool name, directory holding job.pkl and the code, command, replicas) per pool.
+def plan_pools(groups: Dict[str, int]) -> Dict[str, List[str]]:
+  """One pool per node group, named by it: replica `group/i` is node `group/i`."""
+  return {group: [f'{group}/{i}' for i in range(count)] for group, count in groups.items()}
+
+
+def host_resources(groups: Sequence[str], code_directory: str) -> Dict[str, object]:
+  """Node group -> the `lp.DockerConfig` its executable is built from.
+
+  Only the code directory matters on your machines: replicas run on this interpreter's
+  packages, so the requirements file Launchpad copies next to the code (the lock) is
+  installed by nobody, and no hardware is requested from anyone.
   """
   import launchpad as lp  # pylint: disable=g-import-not-at-top
-  from launchpad import context as lp_context  # pylint: disable=g-import-not-at-top
-  launch_type = lp_context.LaunchType.VERTEX_AI
-  del lp
-  for label, nodes in program.groups.items():
-    for node in nodes:
-      node._initialize_context(launch_type, launch_config=xm_resources[label])  # pylint: disable=protected-access
-  for label, nodes in program.groups.items():
-    for node in nodes:
-      for handle in node.input_handles:
-        handle.connect(node, label)
-  built = []
-  before = set(os.listdir(tempfile.gettempdir()))
-  for pool in pools:
-    nodes = []
-    for name in pool.nodes:
-      label, index = name.split('/')
-      nodes.append(program.groups[label][int(index)])
-    for instance, node in enumerate(nodes):
-      node.bind_addresses(cluster=pool.name, instance=instance)
-    [(container, _)] = nodes[0].to_executables(nodes, pool.name, nodes[0].launch_context)
-    command = list(container.entrypoint.commands)[0].split()
-    built.append((pool.name, container.path, command, len(nodes)))
-  # to_docker_executables draws temp dirs until one has no '_' and leaves the rejected
-  # (empty) ones behind: remove those.
-  for name in set(os.listdir(tempfile.gettempdir())) - before:
-    path = os.path.join(tempfile.gettempdir(), name)
-    if '_' in name and os.path.isdir(path) and not os.listdir(path):
-      os.rmdir(path)
-  return built
+  return {group: lp.DockerConfig(code_directory, vertex.LOCK, python_path=[code_directory])
+          for group in groups}
 
 
-def parse_cluster_spec(text: str, pools) -> Dict[str, List[str]]:
-  """`{pool: ['host:port', ...]}` from JSON or `@file`, checked against the pools."""
-  if text.startswith('@'):
-    with open(text[1:]) as f:
-      text = f.read()
+def spec_template(pools: Dict[str, List[str]]) -> Dict[str, List[str]]:
+  """A `--cluster_spec` to fill in: one `HOST:PORT` per replica."""
+  return {pool: ['HOST:PORT'] * len(labels) for pool, labels in pools.items()}
+
+
+def format_plan(pools: Dict[str, List[str]], hosts: Dict[str, List[str]] | None,
+                mine: set) -> str:
+  """One line per replica: its address (when given) and whether this host starts it."""
+  lines = [f'{"replica":<14} {"address":<24} starts here']
+  for pool, labels in pools.items():
+    for index, label in enumerate(labels):
+      address = hosts[pool][index] if hosts else '-'
+      lines.append(f'{label:<14} {address:<24} {"yes" if (pool, index) in mine else ""}')
+  return '\n'.join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  if not args.dry_run:
+    missing = [f for f, v in (('--cluster_spec', args.cluster_spec), ('--logdir', args.logdir))
+               if not v]
+    if missing:
+      print(f'cluster: {" and ".join(missing)} required (--dry_run shows the replicas '
+            'to give addresses for)', file=sys.stderr)
+      return 2
+    problem = emulation.missing_xmanager() or vertex.temp_dir_error()
+    if problem:
+      print(f'cluster: {problem}', file=sys.stderr)
+      return 2
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
+
+  logdir = args.logdir or '<--logdir>'
+  if args.logdir and '://' not in logdir:
+    logdir = os.path.abspath(logdir)  # the replicas run from their copied directories
   try:
-    hosts = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f'--cluster_spec is not JSON: {e}') from e
-  expected = {name: replicas for name, _, _, replicas in pools}
-  got = {k: len(v) for k, v in hosts.items()} if isinstance(hosts, dict) else None
-  if got != expected:
-    raise ValueError(f'--cluster_spec must give {expected} addresses per pool (see '
-                     f'--dry_run), got {got}')
-  for addresses in hosts.values():
-    for address in addresses:
-      host, _, port = address.rpartition(':')
-      if not host or not port.isdigit():
-        raise ValueError(f'--cluster_spec: {address!r} is not host:port')
-  return hosts
-
-
-def parse_replicas(text: str | None, pools) -> set:
-  """{(pool, index)} this host starts: all of them by default, else 'pool/i,...'."""
-  every = {(name, i) for name, _, _, replicas in pools for i in range(replicas)}
-  if not text:
-    return every
-  mine = set()
-  for item in text.split(','):
-    name, _, index = item.strip().partition('/')
-    if not index.isdigit() or (name, int(index)) not in every:
-      raise ValueError(f'--replicas: {item!r} is not one of {sorted(every)}')
-    mine.add((name, int(index)))
-  return mine
-
-
-def cluster_spec(pools: Sequence[Tuple[str, str, List[str], int]],
-                 hosts: Dict[str, List[str]] | None = None) -> Dict[str, List[str]]:
-  """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them."""
-  if hosts is not None:
-    return hosts
-  return {name: [f'127.0.0.1:{portpicker.pick_unused_port()}' for _ in range(replicas)]
-          for name, _, _, replicas in pools}
-
-
-def _mtime(path: str) -> float | None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    factory, spec, builder, config = make_program_inputs(
+        args, logdir, accelerator=ACCELERATORS[args.accelerator])
+  except ProgramArgsError as e:
+    print(f'cluster: {e}', file=sys.stderr)
+    return 2
+  program = program_lib.make_program(
+      builder, factory, spec, config,
+      stop_program=None if args.dry_run else emulation.program_stopper(),
+      name=f'seedacme-{args.env}-{args.agent}')
+  pools = plan_pools({label: len(nodes) for label, nodes in program.groups.items()})
+  counts = {pool: len(labels) for pool, labels in pools.items()}
   try:
-    return tf.io.gfile.stat(path).mtime_nsec
-  except tf.errors.NotFoundError:
-    return None
+    hosts = emulation.parse_cluster_spec(args.cluster_spec, counts) if args.cluster_spec \
+        else None
+    mine = emulation.parse_replicas(args.replicas, counts)
+  except ValueError as e:
+    print(f'cluster: {e}', file=sys.stderr)
+    return 2
+
+  if args.json:
+    print(json.dumps({
+        'program': program.name, 'logdir': logdir, 'pools': pools,
+        'replicas': [dict(replica=label, address=hosts[pool][i] if hosts else None,
+                          starts_here=(pool, i) in mine)
+                     for pool, labels in pools.items() for i, label in enumerate(labels)],
+        'cluster_spec': hosts or spec_template(pools)}, indent=1))
+  else:
+    print(f'cluster plan for {program.name} ({sum(counts.values())} replicas, '
+          f'logdir {logdir}):')
+    print(format_plan(pools, hosts, mine))
+    if not hosts:
+      print(f'--cluster_spec template: {json.dumps(spec_template(pools))}')
+  if args.dry_run:
+    if not args.json:
+      print('cluster: plan is valid (dry run: nothing started)' if hosts else
+            'cluster: dry run: nothing started; to run, give every replica\'s address '
+            'as --cluster_spec (the template above) and a shared --logdir')
+    return 0
+  code_directory = vertex.stage_code_directory()
+  return emulation.run(program, pools, host_resources(list(pools), code_directory), logdir,
+                       args.replica_logs, hosts, mine, launcher='cluster')
 
 
-class Replicas:
-  """The replica processes this host runs; stops them all on SIGTERM/SIGINT or at exit."""
-
-  def __init__(self, grace_s: float = 20.0, summary_path: str | None = None):
-    self.procs: Dict[str, subprocess.Popen] = {}
-    self._grace_s = grace_s
-    self._stop = threading.Event()
-    # A host without the central node learns that the run ended from its summary.
-    self._summary_path = summary_path
-    self._summary_before = _mtime(summary_path) if summary_path else None
-
-  def start(self, pool: str, directory: str, command: List[str], index: int,
-            cluster: Dict[str, List[str]], forbidden_source: str | None,
-            log_dir: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
-    env['CLUSTER_SPEC'] = json.dumps({'cluster': cluster,
-                                      'task': {'type': pool, 'index': index}})
-    if forbidden_source:
-      env[FORBIDDEN_SOURCE_ENV] = forbidden_source
-    # The container's `python` is the image's; here, this interpreter (its packages).
-    argv = [sys.executable if command[0] == 'python' else command[0], *command[1:]]
-    os.makedirs(log_dir, exist_ok=True)
-    with open(os.path.join(log_dir, f'{pool}-{index}'), 'w') as log:
-      self.procs[f'{pool}/{index}'] = subprocess.Popen(
-          argv, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-  def request_stop(self, *_) -> None:
-    self._stop.set()
-
-  def wait(self) -> Dict[str, int]:
-    """Until every replica ended (or a stop was asked); returns their exit codes."""
-    while not self._stop.is_set():
-      if all(p.poll() is not None for p in self.procs.values()):
-        break
-      if self._summary_path and _mtime(self._summary_path) != self._summary_before:
-        print('cluster: the run wrote its summary; stopping this host\'s replicas', flush=True)
-        time.sleep(3)  # let the central node's host stop first
-        break
-      failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
-      if failed:
-        print(f'cluster: replica {failed[0]} exited with code '
-              f'{self.procs[failed[0]].returncode}; stopping the others', flush=True)
-        break
-      self._stop.wait(0.5)
-    self.stop()
-    return {n: p.returncode for n, p in self.procs.items()}
-
-  def stop(self) -> None:
-    for p in self.procs.values():
-      if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + self._grace_s
-    for p in self.procs.values():
-      try:
-        p.wait(max(0.1, deadline - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+if __name__ == '__main__':
+  sys.exit(main())

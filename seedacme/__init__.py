@@ -64,7 +64,7 @@ _install_source_tree_finder()
 def _forbid_sources(dirs: str) -> None:
   """Fails the process at any read of a Python source or library under `dirs`.
 
-  Set by the emulated cluster (`launchers/cluster.py`, env `SEEDACME_FORBIDDEN_SOURCE`,
+  Set by the emulated cluster (`launchers/emulation.py`, env `SEEDACME_FORBIDDEN_SOURCE`,
   os.pathsep-separated) to the checkout's package dirs: a replica must import only from
   its copy of the code, as a container would.
   """

@@ -144,13 +144,13 @@ class RunMonitor:
       return {'replay_size': None, 'replay_inserts': None, 'replay_samples': None}
 
   def _record(self, learner_steps: int, learner_metrics: Dict[str, float],
-              since: tuple, batch: Any, capacity: int) -> Dict[str, Any]:
-    """A record whose rates run from `since` = (time, env steps, learner steps)."""
-    now = time.monotonic()
+              since: tuple, batch: Any, capacity: int, now: float,
+              env_steps: int) -> Dict[str, Any]:
+    """A record at `now` whose rates run from `since` = (time, env steps, learner
+    steps)."""
     t0, env0, learn0 = since
     dt = max(now - t0, 1e-9)
     acting, serving = self._acting, self._serving
-    env_steps = acting.env_steps()
     train, evaluation = acting.summary(Mode.TRAIN), acting.summary(Mode.EVAL)
     record = {
         'elapsed_s': now - self._start,
@@ -179,13 +179,16 @@ class RunMonitor:
 
   def record(self, learner_steps: int, learner_metrics: Dict[str, float]) -> Dict[str, Any]:
     """A progress record of everything since the previous one (not written)."""
+    now, env_steps = time.monotonic(), self._acting.env_steps()
     stats = self._serving.batch_stats(reset=True)
     self._run_batches.add(stats)
     interval = _Batches(stats.batches, stats.units, stats.mean_latency_ms,
                         stats.p99_latency_ms)
     record = self._record(learner_steps, learner_metrics, self._last, interval,
-                          self._serving.batch_capacity)
-    self._last = (time.monotonic(), record['env_steps'], learner_steps)
+                          self._serving.batch_capacity, now, env_steps)
+    # The window's edges are the moments the counters were read (the replay's
+    # stats, read over the network in between, take up to a second under load).
+    self._last = (now, env_steps, learner_steps)
     if self._steady is None:
       self._steady = self._last
     return record
@@ -233,7 +236,8 @@ class RunMonitor:
     else:  # no interval between records yet: all of the run so far
       start, end = (self._start, *self._last[1:]), None
     final = self._record(learner_steps, learner_metrics, start, run,
-                         self._serving.batch_capacity)
+                         self._serving.batch_capacity, time.monotonic(),
+                         self._acting.env_steps())
     if end is not None:
       dt = end[0] - start[0]
       final['env_steps_per_s'] = (end[1] - start[1]) / dt

@@ -174,7 +174,7 @@ def exit_node() -> None:
   Launchpad 0.5.0's `process_entry` answers SIGTERM with a countdown of 1-s SIGALRMs and
   never cancels it when the node function returns: a process whose interpreter teardown
   takes over a second (TensorFlow, gRPC) then dies of SIGALRM (exit code -14), which a
-  Vertex replica would report as a failure (seen in the emulation, launchers/cluster.py).
+  Vertex replica would report as a failure (seen in the emulation, launchers/emulation.py).
   A supervisor has nothing left to tear down once its child is gone but its exit hooks
   (TensorFlow removes its autograph temp files there), which run first.
   """

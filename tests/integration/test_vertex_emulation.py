@@ -1,5 +1,7 @@
-"""The Vertex AI executables run for real: `vertex.py --emulate` starts every replica of
-every worker pool from its copied code directory with a loopback CLUSTER_SPEC."""
+"""The Vertex AI executables run for real (`launchers/emulation.py`): `vertex.py
+--emulate` starts every replica of every worker pool from its copied code directory with
+a loopback CLUSTER_SPEC, and `cluster.py` (own machines) starts each host's share of the
+replicas of one cluster spec -- here two launchers on one machine playing two hosts."""
 
 import os
 import re
@@ -68,19 +70,20 @@ def _tmpdir_without_underscore() -> str:
 
 @pytest.mark.timeout(330)
 def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
-  # Two "hosts": two launchers, the same command and cluster spec, each starting its own
-  # replicas -- the central node and replay on one, actors and evaluator on the other.
+  # Two "hosts": two own-machines launchers, the same command and cluster spec, each
+  # starting its own replicas -- the central node and replay on one, actors and
+  # evaluator on the other.
   _need_xmanager()
   import json  # pylint: disable=g-import-not-at-top
   import portpicker  # pylint: disable=g-import-not-at-top
   tag = uuid.uuid4().hex
   logdir = tmp_path / 'logdir'
   ports = [portpicker.pick_unused_port() for _ in range(5)]
-  spec = {'workerpool0': [f'127.0.0.1:{ports[0]}'], 'workerpool1': [f'127.0.0.1:{ports[1]}'],
-          'workerpool2': [f'127.0.0.1:{p}' for p in ports[2:]]}
+  spec = {'replay': [f'127.0.0.1:{ports[0]}'], 'learner': [f'127.0.0.1:{ports[1]}'],
+          'actor': [f'127.0.0.1:{p}' for p in ports[2:4]], 'evaluator': [f'127.0.0.1:{ports[4]}']}
   spec_file = tmp_path / 'cluster.json'
   spec_file.write_text(json.dumps(spec))
-  hosts = {'a': 'workerpool0/0,workerpool1/0', 'b': 'workerpool2/0,workerpool2/1,workerpool2/2'}
+  hosts = {'a': 'replay/0,learner/0', 'b': 'actor/0,actor/1,evaluator/0'}
   procs, tmps = {}, []
   try:
     for host, replicas in hosts.items():
@@ -88,11 +91,10 @@ def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
       tmps.append(tmp)
       env = dict(os.environ, TMPDIR=str(tmp), HOME=str(tmp_path), **{TAG_VAR: tag})
       procs[host] = subprocess.Popen(
-          [sys.executable, '-m', 'seedacme.launchers.vertex', 'catch', 'vtrace', '2', '8',
-           '--accelerator', 'none', '--emulate', '--max_seconds', '240', '--target_return',
-           '0.9', '--logdir', str(logdir), '--learner_cpu', '2', '--actor_cpu', '1',
-           '--replay_cpu', '1', '--cluster_spec', f'@{spec_file}', '--replicas', replicas,
-           '--emulate_logs', str(tmp_path / f'replicas_{host}')],
+          [sys.executable, '-m', 'seedacme.launchers.cluster', 'catch', 'vtrace', '2', '8',
+           '--max_seconds', '240', '--target_return', '0.9', '--logdir', str(logdir),
+           '--cluster_spec', f'@{spec_file}', '--replicas', replicas,
+           '--replica_logs', str(tmp_path / f'replicas_{host}')],
           cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
           text=True)
     outs = {host: p.communicate(timeout=300)[0] for host, p in procs.items()}
@@ -105,8 +107,11 @@ def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
       shutil.rmtree(tmp, ignore_errors=True)
   for host, p in procs.items():
     assert p.returncode == 0, outs[host][-3000:]
+    assert f'cluster: {len(hosts[host].split(","))} of 5 replicas' in outs[host], outs[host]
     codes = eval(re.search(r'replicas ended: (\{.*\})', outs[host]).group(1))  # pylint: disable=eval-used
-    assert set(codes.values()) == {0} and len(codes) == len(hosts[host].split(',')), codes
+    assert set(codes) == set(hosts[host].split(',')) and set(codes.values()) == {0}, codes
+    logs = tmp_path / f'replicas_{host}'
+    assert 'from the checkout' not in ''.join(open(logs / n).read() for n in os.listdir(logs))
   assert not leftovers, leftovers
   summary = json.load(open(logdir / 'summary.json'))
   assert target_value(summary) >= 0.9, summary['stopped_because']

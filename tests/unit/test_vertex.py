@@ -1,4 +1,6 @@
-"""The Vertex AI launcher's dry run: a valid job plan without xmanager or credentials."""
+"""The launchers' plans: Vertex AI's dry run (a valid job plan without xmanager or
+credentials), the executables Launchpad builds for it, and the own-machines launcher's
+dry run (which replica starts where, checked against the cluster spec)."""
 
 import json
 import os
@@ -8,7 +10,8 @@ import tempfile
 import pytest
 
 from seedacme.agents import registry
-from seedacme.launchers import vertex
+from seedacme.launchers import cluster, emulation, vertex
+from seedacme.launchers.program_flags import make_program_inputs
 
 
 def _dry_run_json(capsys, *args):
@@ -107,14 +110,11 @@ def test_the_gpu_requirements_pin_every_library_tensorflow_loads():
   assert needed | {'nvidia-cuda-nvcc-cu11'} == wheels
 
 
-def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, monkeypatch):
-  # The real executables (Launchpad's to_docker_executables), as a launch builds them:
-  # the one requirements.txt each image installs.
+@pytest.fixture
+def tmpdir_without_underscore(monkeypatch):
+  """A temp dir for Launchpad's executables (needs xmanager, like a launch)."""
   if os.environ.get('SEEDACME_REQUIRE_VERTEX') != '1':
     pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
-  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
-  from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
-  from seedacme.launchers.program_flags import make_program_inputs  # pylint: disable=g-import-not-at-top
   # Launchpad draws temp dirs until a path has no '_': the parent must have none either
   # (mkdtemp's random suffix has one about 1 time in 5; then Launchpad loops forever).
   tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
@@ -122,23 +122,108 @@ def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, monkeypatc
     os.rmdir(tmp)
     tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
   monkeypatch.setattr(tempfile, 'tempdir', tmp)
-  try:
-    args = vertex.parse_args(['catch', 'vtrace', '2', '4', '--accelerator', 'V100'])
-    factory, spec, builder, config = make_program_inputs(args, str(tmp_path), accelerator='V100')
-    program = program_lib.make_program(builder, factory, spec, config, name='t')
-    hardware = vertex.group_hardware(args, 4)
-    pools = vertex.plan_worker_pools({g: len(n) for g, n in program.groups.items()},
-                                     hardware, vertex.group_requirements(hardware),
-                                     vertex.stage_code_directory())
-    built = cluster.build_pools(program, pools, vertex._xm_resources(pools))  # pylint: disable=protected-access
-    installs = {}
-    for (name, directory, _, _), pool in zip(built, pools):
-      assert name == pool.name
-      with open(os.path.join(directory, 'requirements.txt')) as f:
-        installs[tuple(pool.groups())] = f.read()
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+  yield tmp
+  shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _program(launcher, argv, logdir, accelerator=None):
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
+  args = launcher.parse_args(argv)
+  factory, spec, builder, config = make_program_inputs(args, logdir, accelerator=accelerator)
+  return args, program_lib.make_program(builder, factory, spec, config, name='t')
+
+
+def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, tmpdir_without_underscore):
+  # The real executables (Launchpad's to_docker_executables), as a launch builds them:
+  # the one requirements.txt each image installs.
+  args, program = _program(vertex, ['catch', 'vtrace', '2', '4', '--accelerator', 'V100'],
+                           str(tmp_path), accelerator='V100')
+  hardware = vertex.group_hardware(args, 4)
+  pools = vertex.plan_worker_pools({g: len(n) for g, n in program.groups.items()},
+                                   hardware, vertex.group_requirements(hardware),
+                                   vertex.stage_code_directory())
+  built = emulation.build_pools(program, {p.name: p.nodes for p in pools},
+                                vertex.xm_resources(pools))
+  installs = {}
+  for (name, directory, _, _), pool in zip(built, pools):
+    assert name == pool.name
+    with open(os.path.join(directory, 'requirements.txt')) as f:
+      installs[tuple(pool.groups())] = f.read()
   assert len(installs) == 3, installs  # replay; learner; actors + evaluator
   for groups, text in installs.items():
     assert 'tensorflow==2.8.4' in text
     assert ('nvidia-cudnn-cu11==' in text) == (groups == ('learner',)), groups
+
+
+def test_own_machines_get_one_executable_per_node_group(tmp_path, tmpdir_without_underscore):
+  _, program = _program(cluster, ['catch', 'vtrace', '2', '4'], str(tmp_path))
+  pools = cluster.plan_pools({g: len(n) for g, n in program.groups.items()})
+  assert pools == {'replay': ['replay/0'], 'learner': ['learner/0'],
+                   'actor': ['actor/0', 'actor/1'], 'evaluator': ['evaluator/0']}
+  code = vertex.stage_code_directory()
+  built = emulation.build_pools(program, pools, cluster.host_resources(list(pools), code))
+  assert [(b.name, b.replicas) for b in built] == [(p, len(n)) for p, n in pools.items()]
+  for b in built:
+    assert b.command[:3] == ['python', '-m', 'process_entry'], b.command
+    assert {'job.pkl', 'process_entry.py', 'seedacme', 'launchers'} <= set(os.listdir(b.directory))
+
+
+def _cluster_plan(capsys, *args):
+  code = cluster.main(['catch', 'vtrace', '2', '8', *args, '--dry_run', '--json'])
+  captured = capsys.readouterr()
+  return code, (json.loads(captured.out) if code == 0 else captured.err)
+
+
+def test_cluster_dry_run_lists_every_replica_and_a_spec_to_fill_in(capsys):
+  code, plan = _cluster_plan(capsys)
+  assert code == 0
+  assert [r['replica'] for r in plan['replicas']] == [
+      'replay/0', 'learner/0', 'actor/0', 'actor/1', 'evaluator/0']
+  assert all(r['starts_here'] and r['address'] is None for r in plan['replicas'])
+  assert plan['cluster_spec'] == {'replay': ['HOST:PORT'], 'learner': ['HOST:PORT'],
+                                  'actor': ['HOST:PORT'] * 2, 'evaluator': ['HOST:PORT']}
+  # Without an evaluator the group is gone from the spec too.
+  code, plan = _cluster_plan(capsys, '--num_eval_envs', '0')
+  assert code == 0 and 'evaluator' not in plan['cluster_spec']
+
+
+def test_cluster_dry_run_checks_the_spec_and_this_hosts_replicas(tmp_path, capsys):
+  spec = {'replay': ['gpu-host:7000'], 'learner': ['gpu-host:7001'],
+          'actor': ['cpu-host:7100', 'cpu-host:7101'], 'evaluator': ['cpu-host:7102']}
+  spec_file = tmp_path / 'cluster.json'
+  spec_file.write_text(json.dumps(spec))
+  code, plan = _cluster_plan(capsys, '--cluster_spec', f'@{spec_file}', '--replicas',
+                             'replay/0,learner/0', '--logdir', str(tmp_path / 'run'))
+  assert code == 0 and plan['cluster_spec'] == spec and plan['logdir'] == str(tmp_path / 'run')
+  assert {r['replica']: (r['address'], r['starts_here']) for r in plan['replicas']} == {
+      'replay/0': ('gpu-host:7000', True), 'learner/0': ('gpu-host:7001', True),
+      'actor/0': ('cpu-host:7100', False), 'actor/1': ('cpu-host:7101', False),
+      'evaluator/0': ('cpu-host:7102', False)}
+  for args, named in (
+      (['--cluster_spec', json.dumps({'replay': ['a:1']})], 'addresses per pool'),
+      (['--cluster_spec', json.dumps({**spec, 'replay': ['no-port']})], 'not host:port'),
+      (['--cluster_spec', f'@{tmp_path / "missing.json"}'], 'cannot read'),
+      (['--cluster_spec', '{not json'], 'not JSON'),
+      (['--replicas', 'actor/2'], "'actor/2' is not one of replay/0, learner/0, actor/0"),
+  ):
+    code, err = _cluster_plan(capsys, *args)
+    assert code == 2 and named in err, (args, err)
+
+
+def test_cluster_takes_the_program_flags_of_the_other_launchers(capsys):
+  argv = ['catch', 'r2d2', '3', '--agent_config', 'batch_size=8', '--target_return', '0.9',
+          '--no-standby_restarts', '--seed', '5']
+  _, _, builder, config = make_program_inputs(cluster.parse_args(argv), '/tmp/unused')
+  _, _, vertex_builder, vertex_config = make_program_inputs(vertex.parse_args(argv),
+                                                            '/tmp/unused')
+  assert config == vertex_config and builder.config == vertex_builder.config
+  assert (config.envs_per_actor, config.seed, builder.config.batch_size) == (32, 5, 8)
+  # A run (not a dry run) needs the addresses and a shared logdir before anything else.
+  assert cluster.main(argv) == 2
+  assert '--cluster_spec and --logdir required' in capsys.readouterr().err
+
+
+def test_vertex_emulate_sends_a_cluster_spec_to_the_cluster_launcher(capsys):
+  code = vertex.main(['catch', 'vtrace', '2', '--emulate', '--cluster_spec', '{}'])
+  assert code == 2
+  assert 'python -m seedacme.launchers.cluster' in capsys.readouterr().err

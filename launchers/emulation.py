@@ -1,0 +1,291 @@
+"""Runs Launchpad's Vertex AI executables without Vertex: every replica a local process.
+
+Two launchers start a program this way, so the one implementation is here:
+`vertex.py --emulate` (every replica on this host, loopback addresses: the Vertex path
+tested without a cloud) and `cluster.py` (machines of your own: each host starts its
+share of the replicas of one cluster spec). Neither is Vertex-specific beyond this:
+Launchpad's Vertex executables are the only ones in Launchpad 0.5.0 that take their
+peers' addresses from the environment (`CLUSTER_SPEC`) instead of picking them locally.
+
+`build_pools` builds the pools' executables exactly as a Vertex launch does --
+Launchpad's own `to_executables` per pool (`xm_docker.to_docker_executables`: `job.pkl`,
+`process_entry.py` and a copy of the code directory) after binding every node's address
+to the `CLUSTER_SPEC` Vertex would set -- and `run`, instead of building images and
+submitting a job, starts `python -m process_entry --data_file=job.pkl` for each replica
+this host runs, from its pool's copied directory, with a `CLUSTER_SPEC` of the given
+addresses (by default loopback, one distinct port per node). A pickling problem, an
+import that only works from the checkout or a second port per node fails here as it
+would in the cloud.
+
+The program is stopped the Vertex way's equivalent: the central node's program stopper
+(`program_stopper`) signals the launcher on its host (SIGTERM), which passes SIGTERM to
+every replica it started (Launchpad's worker manager in each sets the node's stop event)
+and kills what is left after a grace period. A host without the central node stops its
+replicas when the run's summary appears in the shared logdir. What this cannot show:
+the image build, Vertex's DNS names, GCS, accelerators.
+"""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, List, NamedTuple, Set, Tuple
+
+import portpicker
+
+from seedacme.run import logdir as logdir_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout's package directories: what a replica must import from its copy only.
+PACKAGES = ('seedacme', 'agents', 'envs', 'launchers')
+# Set in every replica's environment to the checkout's package dirs: `seedacme/__init__.py`
+# then fails any import of a file under them (a replica must run from its copy only).
+FORBIDDEN_SOURCE_ENV = 'SEEDACME_FORBIDDEN_SOURCE'
+
+
+class BuiltPool(NamedTuple):
+  """One pool's executable: where Launchpad put it and how a replica starts."""
+  name: str
+  directory: str  # holds job.pkl, process_entry.py and the copied code
+  command: List[str]
+  replicas: int
+
+
+def program_stopper() -> Callable[[], None]:
+  """The central node's `stop_program` for these launches: SIGTERM to this launcher.
+
+  Created in the launcher (it carries the launcher's pid) and pickled with the program;
+  the central replica runs on the launcher's host, so the signal reaches it.
+  """
+  return functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+
+
+def missing_xmanager() -> str | None:
+  """Why the executables cannot be built here (Launchpad needs xmanager), or None."""
+  try:
+    import xmanager  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return ('xmanager is not installed (Launchpad builds the executables with it): '
+            '.venv/bin/pip install -r requirements/vertex.txt -c requirements/constraints.txt')
+  return None
+
+
+def build_pools(program, pools: Dict[str, List[str]], resources) -> List[BuiltPool]:
+  """Binds addresses and builds each pool's executable as a Vertex launch would.
+
+  Args:
+    program: the Launchpad program.
+    pools: pool name -> node labels (e.g. `['actor/0', 'actor/1']`), in pool order; a
+      node's index in its pool is its replica index.
+    resources: node group -> `lp.DockerConfig` (e.g. `vertex.xm_resources`).
+
+  Returns:
+    Each pool's executable, in the order of `pools`.
+  """
+  from launchpad import context as lp_context  # pylint: disable=g-import-not-at-top
+  launch_type = lp_context.LaunchType.VERTEX_AI
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      node._initialize_context(launch_type, launch_config=resources[label])  # pylint: disable=protected-access
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      for handle in node.input_handles:
+        handle.connect(node, label)
+  built = []
+  before = set(os.listdir(tempfile.gettempdir()))
+  for pool, labels in pools.items():
+    nodes = []
+    for name in labels:
+      label, index = name.split('/')
+      nodes.append(program.groups[label][int(index)])
+    for instance, node in enumerate(nodes):
+      node.bind_addresses(cluster=pool, instance=instance)
+    [(container, _)] = nodes[0].to_executables(nodes, pool, nodes[0].launch_context)
+    command = list(container.entrypoint.commands)[0].split()
+    built.append(BuiltPool(pool, container.path, command, len(nodes)))
+  # to_docker_executables draws temp dirs until one has no '_' and leaves the rejected
+  # (empty) ones behind: remove those.
+  for name in set(os.listdir(tempfile.gettempdir())) - before:
+    path = os.path.join(tempfile.gettempdir(), name)
+    if '_' in name and os.path.isdir(path) and not os.listdir(path):
+      os.rmdir(path)
+  return built
+
+
+def parse_cluster_spec(text: str, replicas: Dict[str, int]) -> Dict[str, List[str]]:
+  """`{pool: ['host:port', ...]}` from JSON or `@file`, checked against `replicas`.
+
+  `replicas`: pool -> its number of replicas. Raises ValueError naming the problem.
+  """
+  if text.startswith('@'):
+    try:
+      with open(text[1:]) as f:
+        text = f.read()
+    except OSError as e:
+      raise ValueError(f'--cluster_spec: cannot read {text[1:]}: {e.strerror}') from e
+  try:
+    hosts = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'--cluster_spec is not JSON: {e}') from e
+  got = {k: len(v) for k, v in hosts.items()} if isinstance(hosts, dict) else None
+  if got != replicas:
+    raise ValueError(f'--cluster_spec must give {replicas} addresses per pool (see '
+                     f'--dry_run), got {got}')
+  for addresses in hosts.values():
+    for address in addresses:
+      host, _, port = str(address).rpartition(':')
+      if not host or not port.isdigit():
+        raise ValueError(f'--cluster_spec: {address!r} is not host:port')
+  return hosts
+
+
+def parse_replicas(text: str | None, replicas: Dict[str, int]) -> Set[Tuple[str, int]]:
+  """{(pool, index)} this host starts: all of them by default, else 'pool/i,...'."""
+  every = {(name, i) for name, count in replicas.items() for i in range(count)}
+  if not text:
+    return every
+  mine = set()
+  for item in text.split(','):
+    name, _, index = item.strip().partition('/')
+    if not index.isdigit() or (name, int(index)) not in every:
+      names = ', '.join(f'{p}/{i}' for p, count in replicas.items() for i in range(count))
+      raise ValueError(f'--replicas: {item!r} is not one of {names}')
+    mine.add((name, int(index)))
+  return mine
+
+
+def cluster_spec(replicas: Dict[str, int],
+                 hosts: Dict[str, List[str]] | None = None) -> Dict[str, List[str]]:
+  """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them."""
+  if hosts is not None:
+    return hosts
+  return {name: [f'127.0.0.1:{portpicker.pick_unused_port()}' for _ in range(count)]
+          for name, count in replicas.items()}
+
+
+def default_log_dir(logdir: str) -> str:
+  """Where replica logs go by default: `<logdir>/replicas`, or ./replicas for a bucket.
+
+  A replica's output is a local file (the launcher opens it), so a `gs://` logdir
+  cannot hold it.
+  """
+  if '://' in logdir:
+    return os.path.abspath('replicas')
+  return os.path.join(logdir, 'replicas')
+
+
+def _mtime(path: str) -> float | None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    return tf.io.gfile.stat(path).mtime_nsec
+  except tf.errors.NotFoundError:
+    return None
+
+
+class Replicas:
+  """The replica processes this host runs; stops them all on SIGTERM/SIGINT or at exit."""
+
+  def __init__(self, grace_s: float = 20.0, summary_path: str | None = None):
+    self.procs: Dict[str, subprocess.Popen] = {}
+    self._grace_s = grace_s
+    self._stop = threading.Event()
+    # A host without the central node learns that the run ended from its summary.
+    self._summary_path = summary_path
+    self._summary_before = _mtime(summary_path) if summary_path else None
+
+  def start(self, pool: str, directory: str, command: List[str], index: int,
+            cluster: Dict[str, List[str]], forbidden_source: str | None,
+            log_dir: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
+    env['CLUSTER_SPEC'] = json.dumps({'cluster': cluster,
+                                      'task': {'type': pool, 'index': index}})
+    if forbidden_source:
+      env[FORBIDDEN_SOURCE_ENV] = forbidden_source
+    # The container's `python` is the image's; here, this interpreter (its packages).
+    argv = [sys.executable if command[0] == 'python' else command[0], *command[1:]]
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, f'{pool}-{index}'), 'w') as log:
+      self.procs[f'{pool}/{index}'] = subprocess.Popen(
+          argv, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+  def request_stop(self, *_) -> None:
+    self._stop.set()
+
+  def wait(self, launcher: str = 'emulation') -> Dict[str, int]:
+    """Until every replica ended (or a stop was asked); returns their exit codes."""
+    while not self._stop.is_set():
+      if all(p.poll() is not None for p in self.procs.values()):
+        break
+      if self._summary_path and _mtime(self._summary_path) != self._summary_before:
+        print(f'{launcher}: the run wrote its summary; stopping this host\'s replicas',
+              flush=True)
+        time.sleep(3)  # let the central node's host stop first
+        break
+      failed = [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+      if failed:
+        print(f'{launcher}: replica {failed[0]} exited with code '
+              f'{self.procs[failed[0]].returncode}; stopping the others', flush=True)
+        break
+      self._stop.wait(0.5)
+    self.stop()
+    return {n: p.returncode for n, p in self.procs.items()}
+
+  def stop(self) -> None:
+    for p in self.procs.values():
+      if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + self._grace_s
+    for p in self.procs.values():
+      try:
+        p.wait(max(0.1, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def run(program, pools: Dict[str, List[str]], resources, logdir: str,
+        log_dir: str | None = None, hosts: Dict[str, List[str]] | None = None,
+        mine: Set[Tuple[str, int]] | None = None, launcher: str = 'emulation') -> int:
+  """Builds the executables and runs this host's replicas until the program ends.
+
+  Args:
+    program: the Launchpad program, made with `stop_program=program_stopper()`.
+    pools, resources: as for `build_pools`.
+    logdir: the run's logdir (shared by the hosts when there are several).
+    log_dir: where replica logs go (default: `default_log_dir(logdir)`).
+    hosts: every replica's address (`parse_cluster_spec`); default: loopback.
+    mine: the (pool, index) replicas this host starts (`parse_replicas`); default: all.
+      When others run elsewhere, the run's summary appearing in `logdir` tells this
+      host to stop its replicas (the central node's host is signalled by its stopper).
+    launcher: the name printed before this function's lines.
+
+  Returns:
+    0 when every replica exited 0, else 1.
+  """
+  counts = {name: len(labels) for name, labels in pools.items()}
+  every = parse_replicas(None, counts)
+  mine = every if mine is None else mine
+  built = build_pools(program, pools, resources)
+  spec = cluster_spec(counts, hosts)
+  summary = os.path.join(logdir, logdir_lib.SUMMARY) if mine != every else None
+  replicas = Replicas(summary_path=summary)
+  signal.signal(signal.SIGTERM, replicas.request_stop)
+  signal.signal(signal.SIGINT, replicas.request_stop)
+  forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in PACKAGES)
+  log_dir = log_dir or default_log_dir(logdir)
+  for pool in built:
+    for index in range(pool.replicas):
+      if (pool.name, index) in mine:
+        replicas.start(pool.name, pool.directory, pool.command, index, spec, forbidden,
+                       log_dir)
+  print(f'{launcher}: {len(replicas.procs)} of {len(every)} replicas in {len(built)} pools '
+        f'({", ".join(f"{b.name} x {b.replicas}" for b in built)}) on this host; '
+        f'logs in {log_dir}', flush=True)
+  codes = replicas.wait(launcher)
+  print(f'{launcher}: replicas ended: {codes}', flush=True)
+  return 1 if any(c != 0 for c in codes.values()) else 0
