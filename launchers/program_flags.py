@@ -1,4 +1,4 @@
-"""The program's flags, defined once for every launcher (`run_local`, `vertex`).
+"""The program's flags, defined once for every launcher (`run_local`, `vertex`, `cluster`).
 
 A program is the same whichever launcher starts it: env, agent, actors, budgets,
 evaluation, checkpoints, agent and env overrides. `add_program_args` adds those flags
@@ -68,6 +68,10 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       help="central: SEED, one batched policy on the learner node for all "
                       "actors; actor: Acme's pattern, every actor runs its own network copy "
                       "and pulls parameters from the learner")
+  parser.add_argument('--transport', choices=('auto', 'courier', 'shm'), default='auto',
+                      help="central inference requests from actors on the central node's "
+                      "host: auto (shared memory; Courier between hosts), courier (always "
+                      "Courier, for comparison), shm (shared memory or fail)")
   parser.add_argument('--variable_update_period', type=int, default=100,
                       help='--inference actor: fetch parameters every this many calls')
   parser.add_argument('--acting_only', action='store_true',
@@ -144,6 +148,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
+      transport=args.transport,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
       accelerator=accelerator)
   try:

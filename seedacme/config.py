@@ -50,6 +50,10 @@ class ProgramConfig:
     accelerator: the accelerator the launch asked for the central node ('V100',
       'TPU_V3', ...; None: none). The central node refuses to start when TensorFlow
       sees no device of that kind (`seedacme.runtime.devices`) rather than train on the CPU.
+    transport: how central inference requests travel from actors on the central
+      node's host: 'auto' (shared memory, `seedacme.wire.shm`; Courier for actors on
+      other hosts), 'courier' (always Courier: the comparison), 'shm' (shared memory
+      or the actor fails at attach). Courier stays the control plane either way.
     train: False runs acting only (no trajectories written, no learner steps): for
       measuring acting throughput without the learner as the bottleneck.
   """
@@ -76,6 +80,7 @@ class ProgramConfig:
   inference: str = 'central'
   variable_update_period: int = 100
   train: bool = True
+  transport: str = 'auto'
   accelerator: str | None = None
 
   @property
@@ -101,5 +106,8 @@ class ProgramConfig:
     if self.variable_update_period < 1:
       raise ValueError(
           f'variable_update_period must be >= 1, got {self.variable_update_period}')
+    if self.transport not in ('auto', 'courier', 'shm'):
+      raise ValueError(
+          f"transport must be 'auto', 'courier' or 'shm', got {self.transport!r}")
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

@@ -1,11 +1,13 @@
-"""The env-only actor: K environments, one Courier call per step, no model.
+"""The env-only actor: K environments, one inference request per step, no model.
 
 An actor process imports numpy, dm_env, Courier and its environments -- never
 TensorFlow or a network. Each step it sends the K current timesteps of its envs to the
-inference server in ONE call and applies the K actions it gets back.
+inference server in ONE request and applies the K actions it gets back. The request
+goes through shared memory when the central node is on the same host, else Courier
+(`seedacme.actor.transport`); the loop is the same either way.
 
-The env factory chooses the engine (`seedacme.actor.engines.make_engine`). A `BatchedEnv`-like
-engine steps all K envs per call. A half-batch engine (Atari's 'vector_async',
+The env factory chooses the engine (`seedacme.actor.engines.make_engine`). A
+`BatchedEnv`-like engine steps all K envs per call. A half-batch engine (Atari's 'vector_async',
 envs/atari_vector.py) hands out K/2 envs at a time: the actor sends that half's request
 and, while the server answers, the engine's C++ threads step the other half; each
 request carries the env ids of its own half. Both are driven by the same
@@ -25,17 +27,16 @@ import resource
 import sys
 import threading
 import time
-from concurrent import futures
 from typing import Any
 
 from absl import logging
 import numpy as np
 
 from seedacme.actor.engines import half_batch_driver, make_engine
+from seedacme.actor.transport import InferencePath
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.types import EnvFactory, Mode
-from seedacme.wire import protocol
 
 
 def new_run_id() -> int:
@@ -46,13 +47,11 @@ def new_run_id() -> int:
 class EnvActor:
   """Steps `num_envs` environments for the inference server."""
 
-  SLOW_CALL_WARNING_S = 5.0
-
   def __init__(self, inference: Any, env_factory: EnvFactory, actor_id: int,
                num_envs: int, first_env_id: int, mode: Mode = Mode.TRAIN,
                seed: int = 0, max_steps: int | None = None, log_interval_s: float = 30.0,
                eval_interval_s: float = 0.0, eval_episodes: int = 20,
-               acting: ActingLog | None = None,
+               acting: ActingLog | None = None, transport: str = 'auto',
                stop_event: threading.Event | None = None):
     """Creates the actor.
 
@@ -75,6 +74,8 @@ class EnvActor:
         `eval_interval_s`, play until `eval_episodes` more episodes have finished,
         then idle. 0: evaluate continuously.
       acting: the actor's acting account (default: a new `ActingLog`).
+      transport: 'auto' (shared memory when the central node offers it on this host,
+        else Courier), 'courier' or 'shm' (`seedacme.actor.transport`).
       stop_event: set to stop; default is Launchpad's stop event.
     """
     self._inference = inference
@@ -91,6 +92,8 @@ class EnvActor:
     self.steps = 0  # inference calls answered with actions
     self.acting = acting if acting is not None else ActingLog()
     self._episodes = EpisodeTracker(num_envs)  # by slot (the engine's env index)
+    self._transport = transport
+    self.path: InferencePath | None = None  # made by `run`, with its stop event
 
   @property
   def env_steps(self) -> int:
@@ -101,45 +104,6 @@ class EnvActor:
   def episodes(self) -> int:
     """Episodes finished."""
     return self.acting.episodes(self.mode)
-
-  def _call(self, request):
-    """One inference call, retried with backoff while the server is unreachable.
-
-    The call is asynchronous and waited on in short slices: a process blocked inside a
-    synchronous RPC cannot run its SIGTERM handler, and Launchpad would SIGKILL it.
-    Returns None once the stop event is set.
-    """
-    backoff = 0.1
-    while not self._stop.is_set():
-      future = self._inference.futures.step(request)
-      sent = time.monotonic()
-      next_warning = sent + self.SLOW_CALL_WARNING_S
-      while True:
-        try:
-          return future.result(timeout=0.2)
-        except futures.TimeoutError:
-          if self._stop.is_set():
-            future.cancel()
-            return None
-          if time.monotonic() >= next_warning:
-            # gRPC waits for a restarting server by itself; say so instead of hanging mute.
-            logging.warning('Actor %d: no answer from the inference server for %.0fs; '
-                            'waiting for it (restarting, or the learner is behind)',
-                            self._actor_id, time.monotonic() - sent)
-            next_warning += 30.0
-        except Exception as e:  # pylint: disable=broad-except
-          refusal = protocol.as_refusal(e)
-          if refusal is e:
-            raise  # Our own request is wrong: retrying cannot help.
-          if refusal is not None:
-            raise refusal from e
-          logging.warning('Actor %d: inference call failed (%s); retrying in %.1fs',
-                          self._actor_id, str(e).strip().splitlines()[-1][:200],
-                          backoff)
-          self._stop.wait(backoff)
-          backoff = min(2 * backoff, 5.0)
-          break
-    return None
 
   def _log_progress(self, kind: str, since_s: float) -> None:
     summary = self.acting.summary(self.mode)
@@ -158,6 +122,9 @@ class EnvActor:
                  self._actor_id, len(self.env_ids), self.env_ids[0], self.env_ids[-1],
                  self._envs.batch_size, self.run_id)
     run_ids = np.full(len(self.env_ids), self.run_id, np.int64)
+    self.path = path = InferencePath(self._inference, int(self.env_ids[0]),
+                                     len(self.env_ids), self._stop, self._transport,
+                                     f'{kind} {self._actor_id}')
     started = time.monotonic()
     batch = self._envs.recv()
     last_log = time.monotonic()
@@ -171,10 +138,8 @@ class EnvActor:
       if self._max_steps is not None and self.steps >= self._max_steps:
         break
       ts = batch.step
-      request = protocol.make_request(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
-                                      ts.observation, ts.reward, ts.discount, ts.step_type,
-                                      mode=self.mode)
-      reply = self._call(request)
+      reply = path.step(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
+                        ts.observation, ts.reward, ts.discount, ts.step_type, self.mode)
       if reply is None:
         break
       if 'shutting_down' in reply:
@@ -185,8 +150,8 @@ class EnvActor:
         continue
       if self.steps == 0:
         # Start-up diagnostics (and what tests wait for before killing an actor).
-        logging.info('%s %d: first answer from the inference server after %.1fs', kind,
-                     self._actor_id, time.monotonic() - started)
+        logging.info('%s %d: first answer from the inference server after %.1fs (%s)',
+                     kind, self._actor_id, time.monotonic() - started, path.name)
       self._envs.send(reply['action'])
       batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
       self.steps += 1
@@ -197,6 +162,7 @@ class EnvActor:
       if now - last_log >= self._log_interval_s:
         self._log_progress(kind, now - last_log)
         last_log = now
+    path.close()
     self._envs.close()
     logging.info('%s %d stopped after %d calls; peak RSS %.0f MB; tensorflow imported: %s',
                  kind, self._actor_id, self.steps,

@@ -4,7 +4,9 @@ Launchpad runs it as a Courier node. It composes parts that each have one job:
 
     acting log      `ActingLog`: the run's one acting account
     inference       `InferenceServer` (central inference: Courier handler threads call
-                    `step`; it counts what it serves into the acting log), or none
+                    `step`; it counts what it serves into the acting log), or none;
+                    with `ShmServer` beside it for same-host actors (shared memory;
+                    Courier stays the control plane: `shm_offer`)
     report intake   `ReportIntake` (actor-side inference: actors call `report_acting`;
                     it adds their deltas to the acting log), or none
     learner loop    `LearnerLoop`: the agent's learner on a background thread
@@ -37,6 +39,7 @@ from seedacme.run.progress import format_line
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.serving.server import InferenceServer
+from seedacme.serving.shm_server import ShmServer
 from seedacme.types import EnvSpec, Mode
 from seedacme.wire.protocol import InvalidRequestError
 from seedacme.wire.reports import POLICY_VARIABLES
@@ -84,9 +87,12 @@ class CentralNode:
     self.acting = ActingLog()
     self.server: InferenceServer | None = None
     self.intake: ReportIntake | None = None
+    self.shm: ShmServer | None = None
     if config.inference == 'central':
       self.server = make_inference_server(builder, self._networks, spec, config, replay,
                                           self.acting)
+      if config.transport != 'courier':
+        self.shm = ShmServer(self.server, spec, config.num_envs)
     else:
       self.intake = ReportIntake(self.acting, config.envs_per_actor)
     serving = self.server if self.server is not None else self.intake
@@ -128,6 +134,10 @@ class CentralNode:
           "this program runs actor-side inference (inference='actor'): the central "
           'node serves no inference steps')
     return self.server.step(request)
+
+  def shm_offer(self) -> Dict[str, Any] | None:
+    """How a same-host actor attaches to shared memory (None: not offered)."""
+    return self.shm.offer() if self.shm is not None and not self._closing else None
 
   def progress(self) -> Dict[str, Any]:
     """The latest progress record."""
@@ -197,7 +207,8 @@ class CentralNode:
   def finish(self, reason: StopReason) -> Dict[str, Any]:
     """The one end of a run, whichever stop `reason` is; the summary it wrote.
 
-    1. The learner stops (its thread ends after the step in flight).
+    1. The learner stops (its thread ends after the step in flight) and releases its
+       dataset.
     2. `summary.json` is written, once, over the run's steady window.
     3. The last checkpoint is saved (not after a failed learner: the last good one
        stays), and after a planned end (a target or a budget) the policy is exported.
@@ -216,6 +227,11 @@ class CentralNode:
       stopped = loop is None or loop.join(5)
       if not stopped:
         logging.warning('Learner thread still blocked after 5s; finishing without it')
+      else:
+        # Learning is over: release the dataset while the replay node surely serves
+        # (dropping a tf.data iterator whose sample is in flight to a server that is
+        # stopping blocked this process for seconds, until its supervisor killed it).
+        self.learner.close()
       self.summary = self.monitor.summarize(*self._learner_state(), reason,
                                             self.resumed_from)
       logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
@@ -242,4 +258,6 @@ class CentralNode:
     self._closing = True
     if self.server is not None:
       self.server.shutdown()
+    if self.shm is not None:
+      self.shm.close()
     self.learner.close()

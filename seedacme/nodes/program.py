@@ -81,7 +81,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
                     payload=cloudpickle.dumps((builder, spec, config)))
       target = run_actor_with_inference
     else:
-      kwargs.update(inference=learner)
+      kwargs.update(inference=learner, transport=config.transport)
       target = run_actor
     if config.supervise:
       return lp.PyNode(run_supervised, target=target, name=name, **kwargs)

@@ -84,11 +84,20 @@ class InferenceServer:
         self._process, max_batch_size=max_batch_envs or num_envs,
         timeout_s=batch_timeout_s, name='inference-batcher')
 
-  # Called concurrently from Courier handler threads.
-  def step(self, request: Dict[str, Any]) -> Dict[str, np.ndarray]:
+  # Called concurrently from Courier handler threads and shared-memory actor threads.
+  def step(self, request: Dict[str, Any],
+           owned: range | None = None) -> Dict[str, np.ndarray]:
+    """Serves one actor's request; `owned`: the env ids its caller attached with (the
+    shared-memory path), which its requests must keep to."""
     try:
       parsed = protocol.validate_request(request, self._spec, self._num_envs,
                                          self._max_request_envs)
+      if owned is not None and (parsed.env_ids.min() < owned.start or
+                                parsed.env_ids.max() >= owned.stop):
+        bad = [i for i in parsed.env_ids.tolist() if i not in owned]
+        raise protocol.InvalidRequestError(
+            f'env_ids {bad} are not this actor\'s: it attached with env ids '
+            f'{owned.start}..{owned.stop - 1}')
     except protocol.InvalidRequestError:
       self.requests_refused += 1
       raise

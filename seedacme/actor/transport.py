@@ -1,0 +1,257 @@
+"""How an actor's requests reach the inference server: Courier, or shared memory.
+
+`InferencePath` is what `EnvActor` calls: `step(...)` with one request's fields, the
+reply back. Underneath it is one of two transports, chosen when the actor attaches and
+again whenever the server goes away:
+
+* `ShmTransport` when the central node offers shared memory and runs on this host (the
+  kernel's boot id is the same): the request is written into the actor's segment and a
+  byte on a Unix socket wakes the server (`seedacme.wire.shm`); ~6 us of CPU per side
+  where Courier costs ~500 (docs/benchmarks.md).
+* `RpcTransport` otherwise: a Courier call (`client.futures.step`), or an actor's own
+  inference (`seedacme.actor.actor_side`), which offers the same call.
+
+`ProgramConfig.transport` picks: 'auto' (shared memory when offered on this host),
+'courier' (force Courier: the comparison), 'shm' (shared memory or fail at attach).
+The actor's loop does not know which path it is on.
+"""
+
+import socket
+import threading
+import time
+from concurrent import futures
+from typing import Any, Dict
+
+from absl import logging
+import numpy as np
+
+from seedacme.types import Mode
+from seedacme.wire import protocol, shm
+
+TRANSPORTS = ('auto', 'courier', 'shm')
+_SLICE_S = 0.2  # waits are cut into slices so a stop request is seen at once
+SLOW_CALL_WARNING_S = 5.0
+
+
+class ServerAway(ConnectionError):
+  """The server's end went away (it stopped, or is restarting): attach again."""
+
+
+class RpcTransport:
+  """A call per request (`client.futures.step(request)`), retried while the server is
+  unreachable (gRPC waits for a restarting server by itself)."""
+
+  name = 'courier'
+
+  def __init__(self, client: Any, stop: threading.Event, who: str):
+    self._client = client
+    self._stop = stop
+    self._who = who
+
+  def step(self, env_ids, run_ids, observation, reward, discount, step_type,
+           mode: Mode) -> Dict[str, Any] | None:
+    """The reply, or None once the stop event is set.
+
+    The call is asynchronous and waited on in short slices: a process blocked inside a
+    synchronous RPC cannot run its SIGTERM handler, and Launchpad would SIGKILL it.
+    """
+    request = protocol.make_request(env_ids, run_ids, observation, reward, discount,
+                                    step_type, mode)
+    backoff = 0.1
+    while not self._stop.is_set():
+      future = self._client.futures.step(request)
+      sent = time.monotonic()
+      next_warning = sent + SLOW_CALL_WARNING_S
+      while True:
+        try:
+          return future.result(timeout=_SLICE_S)
+        except futures.TimeoutError:
+          if self._stop.is_set():
+            future.cancel()
+            return None
+          if time.monotonic() >= next_warning:
+            logging.warning('%s: no answer from the inference server for %.0fs; waiting '
+                            'for it (restarting, or the learner is behind)', self._who,
+                            time.monotonic() - sent)
+            next_warning += 30.0
+        except Exception as e:  # pylint: disable=broad-except
+          refusal = protocol.as_refusal(e)
+          if refusal is e:
+            raise  # Our own request is wrong: retrying cannot help.
+          if refusal is not None:
+            raise refusal from e
+          logging.warning('%s: inference call failed (%s); retrying in %.1fs', self._who,
+                          str(e).strip().splitlines()[-1][:200], backoff)
+          self._stop.wait(backoff)
+          backoff = min(2 * backoff, 5.0)
+          break
+    return None
+
+  def close(self) -> None:
+    pass
+
+
+class ShmTransport:
+  """Requests through the actor's shared-memory segment (`seedacme.wire.shm`)."""
+
+  name = 'shm'
+
+  def __init__(self, conn: socket.socket, segment: shm.Segment, stop: threading.Event,
+               who: str):
+    self._conn = conn
+    self.segment = segment
+    self._stop = stop
+    self._who = who
+
+  @classmethod
+  def attach(cls, offer: Dict[str, Any], first_env_id: int, num_envs: int,
+             stop: threading.Event, who: str) -> 'ShmTransport':
+    """Connects to the offered server and maps the segment it sends; raises
+    `ConnectionRefusedError` with the server's reason, or `OSError`."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+      conn.settimeout(10.0)
+      conn.connect(offer['address'])
+      conn.sendall(shm.Hello(first_env_id, num_envs, int(offer['generation'])).to_json())
+      segment = shm.receive_segment(conn)
+      conn.settimeout(_SLICE_S)
+    except BaseException:
+      conn.close()
+      raise
+    return cls(conn, segment, stop, who)
+
+  def step(self, env_ids, run_ids, observation, reward, discount, step_type,
+           mode: Mode) -> Dict[str, Any] | None:
+    self.segment.write_request(env_ids, run_ids, observation, reward, discount, step_type,
+                               mode)
+    try:
+      self._conn.sendall(shm.REQUEST)
+      sent = time.monotonic()
+      next_warning = sent + SLOW_CALL_WARNING_S
+      while True:
+        try:
+          woke = self._conn.recv(1)
+          break
+        except socket.timeout:
+          if self._stop.is_set():
+            return None
+          if time.monotonic() >= next_warning:
+            logging.warning('%s: no answer from the inference server for %.0fs (shared '
+                            'memory); waiting for it (the learner is behind?)', self._who,
+                            time.monotonic() - sent)
+            next_warning += 30.0
+    except OSError as e:
+      raise ServerAway(f'{type(e).__name__}: {e}') from e
+    if not woke:
+      raise ServerAway('the inference server closed the connection')
+    reply = self.segment.read_reply()
+    if 'refused' in reply:
+      raise protocol.RemoteRefusalError(reply['refused'])
+    return reply
+
+  def close(self) -> None:
+    try:
+      self._conn.close()
+    finally:
+      self.segment.close()
+
+
+class InferencePath:
+  """The actor's way to the inference server; attaches, and attaches again after the
+  server went away, on shared memory when offered on this host, else Courier."""
+
+  def __init__(self, client: Any, first_env_id: int, num_envs: int,
+               stop: threading.Event, transport: str = 'auto', who: str = 'actor'):
+    if transport not in TRANSPORTS:
+      raise ValueError(f'transport must be one of {TRANSPORTS}, got {transport!r}')
+    self._client = client
+    self._first_env_id = first_env_id
+    self._num_envs = num_envs
+    self._stop = stop
+    self._transport = transport
+    self._who = who
+    self.current: RpcTransport | ShmTransport | None = None
+    self.attaches = 0
+
+  @property
+  def name(self) -> str | None:
+    """'shm' or 'courier' (None before the first request)."""
+    return self.current.name if self.current is not None else None
+
+  def _offer(self) -> Dict[str, Any] | None:
+    """The central node's shared-memory offer (None: it makes none, or it is not a
+    central node), asked over Courier and retried while the node is unreachable."""
+    offer_call = getattr(getattr(self._client, 'futures', None), 'shm_offer', None)
+    if offer_call is None or not hasattr(self._client, 'shm_offer'):
+      return None
+    backoff = 0.1
+    while not self._stop.is_set():
+      future = offer_call()
+      try:
+        while True:
+          try:
+            return future.result(timeout=_SLICE_S)
+          except futures.TimeoutError:
+            if self._stop.is_set():
+              future.cancel()
+              return None
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info('%s: shared-memory offer not answered (%s); retrying in %.1fs',
+                     self._who, str(e).strip().splitlines()[-1][:120], backoff)
+        self._stop.wait(backoff)
+        backoff = min(2 * backoff, 5.0)
+    return None
+
+  def _attach(self):
+    rpc = RpcTransport(self._client, self._stop, self._who)
+    if self._transport == 'courier':
+      return rpc
+    offer = self._offer()
+    if offer is None:
+      if self._transport == 'shm':
+        raise RuntimeError(f'{self._who}: transport=shm, but the inference server '
+                           'offers no shared memory')
+      return rpc
+    if offer['boot_id'] != shm.boot_id():
+      if self._transport == 'shm':
+        raise RuntimeError(f'{self._who}: transport=shm, but the inference server runs '
+                           'on another host')
+      logging.info('%s: the inference server is on another host: requests through '
+                   'Courier', self._who)
+      return rpc
+    try:
+      path = ShmTransport.attach(offer, self._first_env_id, self._num_envs, self._stop,
+                                 self._who)
+    except OSError as e:
+      if self._transport == 'shm':
+        raise
+      logging.warning('%s: shared memory offered but not attached (%s); requests '
+                      'through Courier', self._who, e)
+      return rpc
+    logging.info('%s: requests through shared memory (segment of %d envs, generation '
+                 '%d)', self._who, self._num_envs, offer['generation'])
+    return path
+
+  def step(self, env_ids: np.ndarray, run_ids: np.ndarray, observation: np.ndarray,
+           reward: np.ndarray, discount: np.ndarray, step_type: np.ndarray,
+           mode: Mode) -> Dict[str, Any] | None:
+    """The server's reply (`{'action'}` or `{'shutting_down'}`), or None once the stop
+    event is set. Raises `InvalidRequestError` when the server refused the request."""
+    while not self._stop.is_set():
+      if self.current is None:
+        self.current = self._attach()
+        self.attaches += 1
+      try:
+        return self.current.step(env_ids, run_ids, observation, reward, discount,
+                                 step_type, mode)
+      except ServerAway as e:
+        logging.info('%s: the inference server went away (%s); attaching again',
+                     self._who, e)
+        self.close()
+        self._stop.wait(0.2)
+    return None
+
+  def close(self) -> None:
+    if self.current is not None:
+      self.current.close()
+      self.current = None
