@@ -132,7 +132,7 @@ class ShmTransport:
         try:
           woke = self._conn.recv(1)
           break
-        except socket.timeout:
+        except TimeoutError:
           if self._stop.is_set():
             return None
           if time.monotonic() >= next_warning:
