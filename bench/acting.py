@@ -4,8 +4,11 @@
     .venv/bin/python bench/acting.py --quick    # Catch, 2 actors, ~2 minutes (CI smoke)
 
 For every configuration (env, actor processes, envs per actor K) the same program runs
-twice, once per inference mode, with `--acting_only` (no learner, no trajectories: the
-learner would otherwise set the pace) and no evaluator. Also measured in the same run:
+three times with `--acting_only` (no learner, no trajectories: the learner would
+otherwise set the pace) and no evaluator: central inference with its requests over
+Courier (`central_*`, `--transport courier`), central inference over shared memory
+(`shm_*`, `--transport shm`: the default on one host), and actor-side inference
+(`actor_*`). Also measured in the same run:
 the raw env ceiling, the same envs in the same number of processes stepping random
 actions with no inference at all (the same engine: ale-py's C++ vector env for Pong).
 Pong serves SEED's IMPALA ResNet torso.
@@ -33,8 +36,15 @@ ENGINES = {'catch': 'python', 'atari': 'vector_sync'}
 def configs(quick: bool):
   if quick:
     return [('catch', 2, 16)]
-  return [('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16),
-          ('atari', 2, 16), ('atari', 4, 16)]
+  return [('catch', 8, 1), ('catch', 16, 1), ('catch', 2, 1), ('catch', 2, 16),
+          ('catch', 2, 64), ('catch', 4, 16), ('atari', 2, 16), ('atari', 4, 16)]
+
+
+# Runs per configuration: (row prefix, program flags). `central` keeps its published
+# meaning (requests over Courier); `shm` is central inference over shared memory.
+MODES = (('central', ['--inference', 'central', '--transport', 'courier']),
+         ('shm', ['--inference', 'central', '--transport', 'shm']),
+         ('actor', ['--inference', 'actor']))
 
 
 def main() -> int:
@@ -43,6 +53,8 @@ def main() -> int:
   parser.add_argument('--seconds', type=float, default=None,
                       help='program budget per run (default 35; quick 15)')
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  parser.add_argument('--modes', default=None,
+                      help="comma-separated subset of 'central,shm,actor' (default: all)")
   parser.add_argument('--configs', default=None,
                       help="e.g. 'catch:2:1,atari:2:16' (default: all of configs())")
   args = parser.parse_args()
@@ -58,8 +70,10 @@ def main() -> int:
     extra += ['--env_engine', engine]
     row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k,
            'engine': engine}
-    for mode in ('central', 'actor'):
-      run = ProgramRun([env, 'vtrace', str(actors), str(k), '--inference', mode,
+    for mode, flags in MODES:
+      if args.modes and mode not in args.modes.split(','):
+        continue
+      run = ProgramRun([env, 'vtrace', str(actors), str(k), *flags,
                         '--acting_only', '--num_eval_envs', '0',
                         '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
       started = time.monotonic()
@@ -78,27 +92,32 @@ def main() -> int:
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
     row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0,
                                        engine=engine) * FRAMES_PER_STEP[env]
-    row['central_vs_actor'] = row['central_per_s'] / row['actor_per_s']
-    for mode in ('central', 'actor'):
+    ran = [m for m, _ in MODES if f'{m}_per_s' in row]
+    for mode in ran:
       row[f'{mode}_cpu_us_per_step'] = (row[f'{mode}_actor_cpu_us_per_step']
                                         + row[f'{mode}_learner_cpu_us_per_step'])
-    row['central_of_ceiling'] = row['central_per_s'] / row['ceiling_per_s']
-    row['actor_of_ceiling'] = row['actor_per_s'] / row['ceiling_per_s']
+      row[f'{mode}_of_ceiling'] = row[f'{mode}_per_s'] / row['ceiling_per_s']
+    for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central')):
+      if a in ran and b in ran:
+        row[f'{a}_vs_{b}'] = row[f'{a}_per_s'] / row[f'{b}_per_s']
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
-  print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'actor_per_s',
-                     'central_vs_actor', 'ceiling_per_s', 'central_of_ceiling',
-                     'central_actor_rss_mb', 'actor_actor_rss_mb'])
-  print('\nCPU microseconds per env step (user + system, all processes of the node type)')
+  print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'shm_per_s',
+                     'actor_per_s', 'central_vs_actor', 'shm_vs_actor', 'shm_vs_central',
+                     'ceiling_per_s', 'shm_of_ceiling', 'shm_actor_rss_mb',
+                     'actor_actor_rss_mb'])
+  print('\nCPU microseconds per env step (user + system, all processes of the node type):'
+        ' actor nodes + central node = total')
   print_table(rows, ['env', 'actors', 'K', 'central_actor_cpu_us_per_step',
                      'central_learner_cpu_us_per_step', 'central_cpu_us_per_step',
-                     'actor_actor_cpu_us_per_step', 'actor_learner_cpu_us_per_step',
-                     'actor_cpu_us_per_step'])
+                     'shm_actor_cpu_us_per_step', 'shm_learner_cpu_us_per_step',
+                     'shm_cpu_us_per_step', 'actor_actor_cpu_us_per_step',
+                     'actor_learner_cpu_us_per_step', 'actor_cpu_us_per_step'])
   path = write_json('acting_quick.json' if args.quick else 'acting.json',
                     {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
   print(f'acting: wrote {path}')
-  failed = [r for r in rows if r['central_exit'] or r['actor_exit']]
+  failed = [r for r in rows if any(r.get(f'{m}_exit') for m, _ in MODES)]
   return 1 if failed else 0
 
 

@@ -13,6 +13,10 @@ service alone is measured. Servers, all with identical payloads both ways:
     seed      the same InferenceServer with the V-trace policy network: one compiled
               batch step per batch, recurrent state on the device
 
+`batcher` and `seed` also run with their requests through shared memory
+(`transport` shm: `seedacme.wire.shm`, what same-host actors use by default) beside
+Courier; echo stays the Courier floor the `of_echo` column divides by.
+
 `batcher` and `seed` run with the program's default batching (`ProgramConfig`: the
 policy runs whatever is queued as soon as it is free); `--batching` adds rows for other
 settings of the minimum batch, `lockstep` (wait for every client's request, 2 ms
@@ -48,7 +52,8 @@ XLA_SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false'
 
 
 def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
-           batching: str = 'free', tf_threads: int = 0, xla_flags: str = '') -> None:
+           batching: str = 'free', tf_threads: int = 0, xla_flags: str = '',
+           transport: str = 'courier') -> None:
   """Server process: one Courier server until `stop` is set."""
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
   if xla_flags:
@@ -97,9 +102,17 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
     if hasattr(policy, 'warm_up'):
       policy.warm_up(range(1, num_envs + 1))
 
+    shm_server = None
+    if transport == 'shm':
+      from seedacme.serving.shm_server import ShmServer  # pylint: disable=g-import-not-at-top
+      shm_server = ShmServer(server, spec, num_envs)
+
     class Service:
       def step(self, request):
         return server.step(request)
+
+      def shm_offer(self):
+        return shm_server.offer() if shm_server is not None else None
 
       def stats(self):
         s = server.batch_stats(reset=True)
@@ -113,12 +126,27 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
 
 
 def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, start,
-            results) -> None:
+            results, transport: str = 'courier') -> None:
   """Closed-loop client: K envs per call, as an actor would send them."""
+  import threading  # pylint: disable=g-import-not-at-top
   import courier  # pylint: disable=g-import-not-at-top
   from seedacme.wire import protocol  # pylint: disable=g-import-not-at-top
   shape, dtype, _ = ENV_SHAPES[env]
   client = courier.Client(f'localhost:{port}')
+  if transport == 'shm':
+    from seedacme.actor.transport import ShmTransport  # pylint: disable=g-import-not-at-top
+    from seedacme.types import Mode  # pylint: disable=g-import-not-at-top
+    path = ShmTransport.attach(client.shm_offer(), first_env_id, k, threading.Event(),
+                               'bench client')
+
+    class ShmClient:
+      """`step(request)` through the segment (the fields an actor would write)."""
+
+      def step(self, request):
+        f = protocol.fields(request)
+        return path.step(f['env_ids'], f['run_ids'], f['observation'], f['reward'],
+                         f['discount'], f['step_type'], Mode.TRAIN)
+    client = ShmClient()
   rng = np.random.default_rng(first_env_id)
   obs = (rng.integers(0, 255, (k,) + shape) if dtype == 'uint8'
          else rng.random((k,) + shape)).astype(dtype)
@@ -142,7 +170,7 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
 
 def measure(kind: str, env: str, clients: int, k: int, seconds: float,
             batching: str = 'free', tf_threads: int = 0,
-            xla_flags: str = '') -> Dict[str, Any]:
+            xla_flags: str = '', transport: str = 'courier') -> Dict[str, Any]:
   import portpicker  # pylint: disable=g-import-not-at-top
   ctx = multiprocessing.get_context('spawn')
   port = portpicker.pick_unused_port()
@@ -150,11 +178,12 @@ def measure(kind: str, env: str, clients: int, k: int, seconds: float,
   results = ctx.Queue()
   server = ctx.Process(target=_serve,
                        args=(kind, env, clients * k, port, ready, stop, batching,
-                             tf_threads, xla_flags))
+                             tf_threads, xla_flags, transport))
   server.start()
   if not ready.wait(120):
     raise RuntimeError(f'{kind} server did not start')
-  procs = [ctx.Process(target=_client, args=(env, port, i * k, k, seconds, start, results))
+  procs = [ctx.Process(target=_client,
+                       args=(env, port, i * k, k, seconds, start, results, transport))
            for i in range(clients)]
   for p in procs:
     p.start()
@@ -173,12 +202,14 @@ def measure(kind: str, env: str, clients: int, k: int, seconds: float,
     server.kill()
   all_lat = np.concatenate(latencies)
   requests = sum(len(x) for x in latencies)
-  return {'server': kind, 'batching': '-' if kind == 'echo' else batching,
+  return {'server': kind, 'transport': transport,
+          'batching': '-' if kind == 'echo' else batching,
           'tf_threads': tf_threads or 'default', 'xla_flags': xla_flags,
           'env': env, 'clients': clients, 'K': k,
           'requests_per_s': requests / seconds, 'env_steps_per_s': requests * k / seconds,
           'p50_ms': float(np.percentile(all_lat, 50) * 1e3),
-          'p99_ms': float(np.percentile(all_lat, 99) * 1e3), 'batch_fill': fill}
+          'p99_ms': float(np.percentile(all_lat, 99) * 1e3), 'batch_fill': fill,
+          'load_1m': os.getloadavg()[0]}  # the machine's load at the end of the row
 
 
 def main() -> int:
@@ -186,6 +217,7 @@ def main() -> int:
   parser.add_argument('--quick', action='store_true')
   parser.add_argument('--seconds', type=float, default=None)
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
+  parser.add_argument('--configs', default=None, help="e.g. 'catch:8:1,catch:2:16'")
   parser.add_argument('--batching', default='',
                       help=f'comma-separated extra batching rows: {", ".join(BATCHING[1:])}')
   parser.add_argument('--tf_threads', default='',
@@ -200,31 +232,42 @@ def main() -> int:
   if unknown:
     parser.error(f'unknown --batching {unknown}; choose from {BATCHING}')
   configs = [('catch', 2, 16)] if args.quick else [
-      ('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64), ('catch', 4, 16),
-      ('atari', 2, 16), ('atari', 2, 32)]
+      ('catch', 8, 1), ('catch', 2, 1), ('catch', 2, 16), ('catch', 2, 64),
+      ('catch', 4, 16), ('atari', 2, 16), ('atari', 2, 32)]
+  if args.configs:
+    configs = [(e, int(c), int(k)) for e, c, k in
+               (x.split(':') for x in args.configs.split(','))]
   rows = []
   for env, clients, k in configs:
     if args.only and env != args.only:
       continue
     echo = None
-    variants = [('echo', 'free', 0, ''), ('batcher', 'free', 0, ''), ('seed', 'free', 0, '')]
+    variants = [('echo', 'free', 0, ''), ('batcher', 'free', 0, ''), ('seed', 'free', 0, ''),
+                ('batcher', 'free', 0, '', 'shm'), ('seed', 'free', 0, '', 'shm')]
     if env == 'catch':  # the IMPALA ResNet's forward pass sets Atari's pace either way
       variants += [(kind, b, 0, '') for b in extra for kind in ('batcher', 'seed')]
       variants += [('seed', 'free', n, '') for n in threads]
       if args.xla_single_thread:
         variants.append(('seed', 'free', 0, XLA_SINGLE_THREAD))
-    for kind, batching, n, xla_flags in variants:
-      row = measure(kind, env, clients, k, seconds, batching, n, xla_flags)
+    courier_rows = {}
+    for kind, batching, n, xla_flags, *transport in variants:
+      transport = transport[0] if transport else 'courier'
+      row = measure(kind, env, clients, k, seconds, batching, n, xla_flags, transport)
+      if transport == 'courier' and batching == 'free' and not n and not xla_flags:
+        courier_rows[kind] = row
+      elif transport == 'shm' and kind in courier_rows:
+        row['of_courier'] = row['requests_per_s'] / courier_rows[kind]['requests_per_s']
       echo = echo or row
       row['of_echo'] = row['requests_per_s'] / echo['requests_per_s']
       rows.append(row)
-      print(f"inference_service: {env} {clients}x{k} {kind} ({row['batching']}, "
+      print(f"inference_service: {env} {clients}x{k} {kind} over {transport} "
+            f"({row['batching']}, "
             f"TF threads {row['tf_threads']}{', ' + xla_flags if xla_flags else ''}): "
             f"{row['requests_per_s']:,.0f} req/s, p99 {row['p99_ms']:.2f} ms", flush=True)
   print()
-  print_table(rows, ['env', 'clients', 'K', 'server', 'batching', 'tf_threads', 'xla_flags',
-                     'requests_per_s',
-                     'env_steps_per_s', 'p50_ms', 'p99_ms', 'batch_fill', 'of_echo'])
+  print_table(rows, ['env', 'clients', 'K', 'server', 'transport', 'batching', 'tf_threads',
+                     'xla_flags', 'requests_per_s', 'env_steps_per_s', 'p50_ms', 'p99_ms',
+                     'batch_fill', 'of_echo', 'of_courier'])
   path = write_json('inference_service_quick.json' if args.quick
                     else 'inference_service.json',
                     {'machine': machine(), 'seconds': seconds, 'rows': rows})

@@ -190,11 +190,15 @@ class InferencePath:
       try:
         while True:
           try:
-            return future.result(timeout=_SLICE_S)
+            offer = future.result(timeout=_SLICE_S)
+            break
           except futures.TimeoutError:
             if self._stop.is_set():
               future.cancel()
               return None
+        if offer is None or not offer.get('closing'):
+          return offer
+        self._stop.wait(1.0)  # the node is stopping: its successor, or our stop, comes
       except Exception as e:  # pylint: disable=broad-except
         logging.info('%s: shared-memory offer not answered (%s); retrying in %.1fs',
                      self._who, str(e).strip().splitlines()[-1][:120], backoff)
@@ -207,6 +211,8 @@ class InferencePath:
     if self._transport == 'courier':
       return rpc
     offer = self._offer()
+    if self._stop.is_set():
+      return None
     if offer is None:
       if self._transport == 'shm':
         raise RuntimeError(f'{self._who}: transport=shm, but the inference server '
@@ -223,8 +229,10 @@ class InferencePath:
       path = ShmTransport.attach(offer, self._first_env_id, self._num_envs, self._stop,
                                  self._who)
     except OSError as e:
-      if self._transport == 'shm':
-        raise
+      if self._transport == 'shm':  # e.g. the server closed after its offer: ask again
+        logging.warning('%s: shared memory not attached (%s); asking again', self._who, e)
+        self._stop.wait(1.0)
+        return None
       logging.warning('%s: shared memory offered but not attached (%s); requests '
                       'through Courier', self._who, e)
       return rpc
@@ -240,6 +248,8 @@ class InferencePath:
     while not self._stop.is_set():
       if self.current is None:
         self.current = self._attach()
+        if self.current is None:
+          continue  # not attached yet (asked again after a pause)
         self.attaches += 1
       try:
         return self.current.step(env_ids, run_ids, observation, reward, discount,

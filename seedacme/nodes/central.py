@@ -136,8 +136,11 @@ class CentralNode:
     return self.server.step(request)
 
   def shm_offer(self) -> Dict[str, Any] | None:
-    """How a same-host actor attaches to shared memory (None: not offered)."""
-    return self.shm.offer() if self.shm is not None and not self._closing else None
+    """How a same-host actor attaches to shared memory (None: not offered;
+    `{'closing': True}` while the node stops)."""
+    if self.shm is None:
+      return None
+    return {'closing': True} if self._closing else self.shm.offer()
 
   def progress(self) -> Dict[str, Any]:
     """The latest progress record."""

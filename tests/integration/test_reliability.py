@@ -1,6 +1,7 @@
 """Crashes mid-run: a killed actor or central node comes back and training goes on."""
 
 import os
+import re
 import signal
 import time
 
@@ -77,10 +78,14 @@ def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_p
   resumed = [int(line.rsplit('learner step ', 1)[1].split(',')[0])
              for line in run.output.splitlines() if 'resumed from checkpoint' in line]
   assert resumed and resumed[-1] >= saved  # continued from the checkpoint, not from 0
-  # Actors noticed (a failed call retried with backoff, or a call waiting on the restart)
-  # and carried on with the new central node.
+  # Actors noticed (their shared-memory connection ended; or, over Courier, a failed
+  # call retried with backoff or a call waiting on the restart) and carried on with the
+  # new central node: through shared memory again, attached to its new generation.
   actor_log = run.node_log('actor/0')
-  assert 'retrying' in actor_log or 'no answer from the inference server' in actor_log
+  assert 'the inference server went away' in actor_log, actor_log[-3000:]
+  generations = set(re.findall(r'requests through shared memory \(segment of \d+ envs, '
+                               r'generation (\d+)\)', actor_log))
+  assert len(generations) == 2, actor_log[-3000:]
   summary = run.json('summary.json')
   assert summary['resumed_from_learner_step'] == resumed[-1]
   assert summary['learner_steps'] > resumed[-1]
