@@ -138,21 +138,25 @@ class ShmServer:
         return
       segment = shm.Segment.create(self._spec, hello.num_envs, self.generation)
       shm.send_segment(conn, segment)
+      segment.release_descriptor()
       envs = range(hello.first_env_id, hello.first_env_id + hello.num_envs)
       logging.info('shm: actor with envs %d..%d attached', envs[0], envs[-1])
       step = self._server.step
-      while True:
-        if not conn.recv(1):
-          break  # the actor exited or died: free its slot
-        try:
-          segment.write_reply(step(segment.request(), owned=envs))
-        except InvalidRequestError as e:
-          segment.write_reply(None, error=str(e))
-        conn.sendall(shm.REPLY)
-      logging.info('shm: actor with envs %d..%d detached', envs[0], envs[-1])
-    except OSError as e:  # the actor's end went away mid-exchange, or we are closing
+      ended = 'its connection closed'
+      try:
+        while conn.recv(1):  # b'': the actor exited or died
+          try:
+            segment.write_reply(step(segment.request(), owned=envs))
+          except InvalidRequestError as e:
+            segment.write_reply(None, error=str(e))
+          conn.sendall(shm.REPLY)
+      except OSError as e:  # the actor's end went away mid-exchange, or we are closing
+        ended = f'{type(e).__name__}: {e}'
+      logging.info('shm: actor with envs %d..%d detached (%s); its slot is free',
+                   envs[0], envs[-1], ended)
+    except OSError as e:  # while attaching
       if not self._closed:
-        logging.info('shm: actor connection ended (%s)', e)
+        logging.info('shm: an attach ended early (%s)', e)
     finally:
       with self._lock:
         if key is not None and self._attached.get(key) is conn:

@@ -6,15 +6,29 @@ returns None when no complete batch arrived within `timeout_ms`, and the caller 
 its stop event. The same holds while the Reverb server is gone (the replay node crashed
 and is being restarted): `next` logs that once, returns None (after a pause, not in a
 tight loop) until the server is back, logs that once, and samples from the new server.
+
+Two ways the server's loss shows, both handled:
+- creating the iterator asks the server for the table's signature; that call fails
+  (with a deadline, 'Transport closed', 'Connection reset by peer', ...: what counts is
+  `reverb_errors.is_server_away`);
+- an iterator made before the loss does not fail at all: Reverb's sampler retries its
+  stream until a server is back on the port, and `next(iterator)` blocks that long. So
+  the iterator is advanced on a thread of its own (`_SamplingThread`); `next` waits for
+  it at most `timeout_ms`, and when nothing came and the server does not answer, calls
+  it an outage. The pending batch is taken by a later call, none is dropped.
 """
 
+import queue
+import threading
 import time
-from typing import Any
+from typing import Any, Callable, Tuple
 
 from absl import logging
 
 import reverb
 import tensorflow as tf
+
+from seedacme.trajectories.reverb_errors import is_server_away, server_answers
 
 
 def time_major(x: tf.Tensor) -> tf.Tensor:
@@ -26,6 +40,60 @@ def batch_specs(item_signature: Any, batch_size: int) -> Any:
   """The specs of a batch of `batch_size` items with `item_signature`."""
   return tf.nest.map_structure(
       lambda s: tf.TensorSpec((batch_size,) + tuple(s.shape), s.dtype), item_signature)
+
+
+class _SamplingThread:
+  """Advances one iterator on its own thread, one request at a time.
+
+  `request` asks for the next element, `result` waits a bounded time for it; a result
+  not taken in time stays for the next `result` call. The iterator is made (and made
+  again after any failure) on the thread, so a blocked signature call or a blocked
+  `next` never holds up the caller.
+  """
+
+  def __init__(self, make_iterator: Callable[[], Any], name: str):
+    self._make_iterator = make_iterator
+    self._requests: queue.Queue[bool] = queue.Queue()
+    self._results: queue.Queue[Tuple[Any, BaseException | None]] = queue.Queue()
+    self._pending = False
+    self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    self._thread.start()
+
+  def request(self) -> None:
+    """Asks for the next element unless a request is still pending."""
+    if not self._pending:
+      self._pending = True
+      self._requests.put(True)
+
+  def result(self, timeout_s: float) -> Tuple[Any, BaseException | None] | None:
+    """`(element, None)` or `(None, error)` for the pending request; None if not there yet."""
+    try:
+      outcome = self._results.get(timeout=timeout_s)
+    except queue.Empty:
+      return None
+    self._pending = False
+    return outcome
+
+  def stop(self, timeout_s: float) -> None:
+    """Ends the thread (and drops its iterator) once its current request is done.
+
+    Waits up to `timeout_s` for that; a thread blocked on a server that is gone stays
+    (a daemon) until the server is back or the process ends.
+    """
+    self._requests.put(False)
+    self._thread.join(timeout_s)
+
+  def _run(self) -> None:
+    iterator = None
+    while self._requests.get():
+      try:
+        if iterator is None:
+          iterator = self._make_iterator()
+        outcome = (next(iterator), None)
+      except Exception as e:  # pylint: disable=broad-except
+        iterator = None  # Timed out or failed: a fresh iterator for the next request.
+        outcome = (None, e)
+      self._results.put(outcome)
 
 
 class ReverbBatches:
@@ -50,7 +118,8 @@ class ReverbBatches:
     self._timeout_ms = timeout_ms
     self._prefetch = prefetch
     self._with_info = with_info
-    self._iterator = None
+    self._sampler: _SamplingThread | None = None  # made by the first `next`
+    self._client = None  # asks the server whether it answers, when no batch comes
     self._down_since: float | None = None  # when the server stopped answering
     self._sampled = False  # a batch came: later failures to connect are outages
 
@@ -70,33 +139,50 @@ class ReverbBatches:
 
   def close(self) -> None:
     """Drops the iterator and with it the sampling streams to the server."""
-    self._iterator = None
+    if self._sampler is not None:
+      self._sampler.stop(self._timeout_ms / 1e3 + 1.0)
+      self._sampler = None
 
   def next(self) -> Any | None:
     """The next batch (possibly smaller than batch_size when data ran short) or None."""
-    try:
-      if self._iterator is None:
-        self._iterator = self._make_iterator()
-      batch = next(self._iterator)
-    except (StopIteration, tf.errors.OutOfRangeError, tf.errors.DeadlineExceededError):
-      self._iterator = None  # Timed out waiting for data; a fresh iterator next time.
-      return None
-    except (tf.errors.UnavailableError, tf.errors.CancelledError,
-            tf.errors.InternalError, reverb.errors.DeadlineExceededError) as e:
-      # The server went away (or our stream to it broke): a fresh iterator next time.
-      self._iterator = None
-      if not self._sampled:
-        time.sleep(self._timeout_ms / 1e3)  # the replay node is still starting
-        return None
-      if self._down_since is None:
-        self._down_since = time.monotonic()
-        logging.warning('Reverb server %s unreachable while sampling %r (%s); retrying',
-                        self._server_address, self._table, type(e).__name__)
-      time.sleep(self._timeout_ms / 1e3)  # no tight loop of failing connects
-      return None
-    self._sampled = True
-    if self._down_since is not None:
-      logging.info('Reverb server %s sampling again after %.1fs', self._server_address,
-                   time.monotonic() - self._down_since)
-      self._down_since = None
-    return batch
+    if self._sampler is None:
+      self._sampler = _SamplingThread(self._make_iterator,
+                                      name=f'reverb-batches-{self._table}')
+    self._sampler.request()
+    outcome = self._sampler.result(self._timeout_ms / 1e3)
+    if outcome is None:
+      # No batch yet: data is slow, or the server went away under a running iterator
+      # (which then waits for a new server). Ask the server which one it is.
+      if self._sampled and not server_answers(self._probe_client(), 1):
+        self._note_outage('no batch and no answer to server_info')
+      return None  # The request stays pending; a later call takes its batch.
+    batch, error = outcome
+    if error is None:
+      self._sampled = True
+      if self._down_since is not None:
+        logging.info('Reverb server %s sampling again after %.1fs', self._server_address,
+                     time.monotonic() - self._down_since)
+        self._down_since = None
+      return batch
+    if isinstance(error, (StopIteration, tf.errors.OutOfRangeError,
+                          tf.errors.DeadlineExceededError)):
+      return None  # Timed out waiting for data; the thread makes a fresh iterator.
+    if not is_server_away(error):
+      raise error
+    # The server went away (or our stream to it broke): a fresh iterator next time.
+    if self._sampled:  # before the first batch, the replay node may still be starting
+      self._note_outage(type(error).__name__)
+    time.sleep(self._timeout_ms / 1e3)  # no tight loop of failing connects
+    return None
+
+  def _probe_client(self):
+    if self._client is None:
+      self._client = reverb.Client(self._server_address)
+    return self._client
+
+  def _note_outage(self, reason: str) -> None:
+    """Logs the first sign of an outage; `next` logs its end with the next batch."""
+    if self._down_since is None:
+      self._down_since = time.monotonic()
+      logging.warning('Reverb server %s unreachable while sampling %r (%s); retrying',
+                      self._server_address, self._table, reason)

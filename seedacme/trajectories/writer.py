@@ -24,17 +24,11 @@ from absl import logging
 import tree
 
 from seedacme.runtime.lifecycle import ShutdownError
+from seedacme.trajectories.reverb_errors import is_server_away, server_answers
 from seedacme.types import Nest
 
 # Batch of sequences `[N, length, ...]` -> N (priority, Reverb item) pairs.
 ToItems = Callable[[Nest], Sequence[Tuple[float, Dict[str, Any]]]]
-
-
-def _is_connection_error(error: BaseException) -> bool:
-  """Whether a Reverb client error says the connection (not the request) failed."""
-  text = f'{type(error).__name__}: {error}'
-  return any(word in text for word in ('Unavailable', 'Socket closed', 'Connection reset',
-                                       'Cancelled', 'failed to connect'))
 
 
 # How long a stream gets, once the server answers again, to deliver by Reverb's resend.
@@ -118,8 +112,9 @@ class ReverbSequenceWriter:
       except BaseException as e:  # pylint: disable=broad-except
         if self._closed.is_set():
           return
-        if not (isinstance(e, ConnectionError) or _is_connection_error(e)
-                or not self.server_reachable()):
+        # The server away (by the error, e.g. 'Transport closed', or by not answering):
+        # wait for it. An error while it answers is a real one.
+        if not (is_server_away(e) or not self.server_reachable()):
           logging.exception('Reverb writer for table %r failed', self._table)
           self.error = e
           return
@@ -200,11 +195,7 @@ class ReverbSequenceWriter:
 
   def server_reachable(self, timeout_s: int = 2) -> bool:
     """Whether the Reverb server answers `server_info` within `timeout_s`."""
-    try:
-      self._client.server_info(timeout=timeout_s)
-      return True
-    except Exception:  # pylint: disable=broad-except
-      return False
+    return server_answers(self._client, timeout_s)
 
   def _wait_for_server(self, error: BaseException) -> None:
     """The replay server is gone (crashed, restarting): one line now, one when it is back.

@@ -137,7 +137,16 @@ class Segment:
 
   @classmethod
   def attach(cls, layout: Layout, fd: int) -> 'Segment':
-    return cls(layout, fd)
+    segment = cls(layout, fd)
+    segment.release_descriptor()  # the mapping keeps the memory (and its own dup)
+    return segment
+
+  def release_descriptor(self) -> None:
+    """Closes the descriptor once it is not needed any more (mapped here, and sent
+    to the actor): one open file per side and segment."""
+    if self.fd is not None:
+      os.close(self.fd)
+      self.fd = None
 
   # ---- the actor's side ------------------------------------------------------------
   def write_request(self, env_ids, run_ids, observation, reward, discount, step_type,
@@ -198,7 +207,7 @@ class Segment:
     try:
       self._map.close()
     finally:
-      os.close(self.fd)
+      self.release_descriptor()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,6 +57,13 @@ def _child(run, node):
     return None
 
 
+def _log(run, node):
+  try:
+    return run.node_log(node)
+  except FileNotFoundError:  # the node has not started yet
+    return ''
+
+
 def _generations(log: str):
   return re.findall(r'requests through shared memory \(segment of \d+ envs, generation '
                     r'(\d+)\)', log)
@@ -69,7 +76,7 @@ def test_shared_memory_is_the_default_and_survives_kills_without_leftovers(tmp_p
   nodes = ('actor/0', 'actor/1', 'evaluator/0')
   with Run(['catch', 'vtrace', '2', '4', '--max_seconds', '300', '--progress_interval_s',
             '1', '--num_eval_envs', '2'], str(tmp_path)) as run:
-    attached = lambda n: all(len(_generations(run.node_log(x))) >= n for x in nodes)  # noqa: E731
+    attached = lambda n: all(len(_generations(_log(run, x))) >= n for x in nodes)  # noqa: E731
     assert _wait(lambda: attached(1), 150, run), run.output[-3000:]
     central = supervised_child(run, 'learner/0')
     actor = supervised_child(run, 'actor/0')
