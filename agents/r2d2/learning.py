@@ -13,6 +13,7 @@ from seedacme.agents.r2d2.config import R2D2Config
 from seedacme.types import FIRST, LAST
 from seedacme.learner.base import Learner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
+from seedacme.trajectories.reverb_errors import is_server_away, server_answers
 
 
 
@@ -106,26 +107,35 @@ class R2D2Learner(Learner):
                                  self._config.importance_sampling_exponent)
     priorities, metrics = self._train(batch, weights)
     if self._client is not None:
-      keys = info.key.numpy()
-      try:
-        self._client.mutate_priorities(
-            self._table, updates=dict(zip(keys.tolist(), priorities.numpy().tolist())))
-        self.priority_updates += len(keys)
-        self._priorities_failing = False
-      except Exception as e:  # pylint: disable=broad-except
-        # The replay node is down (being restarted): these updates are lost; the
-        # dataset notices the outage too. Count them instead of failing, log once.
-        self.priority_updates_lost += len(keys)
-        if not self._priorities_failing:
-          logging.warning('Priority updates failed (%s: the replay node is down?); '
-                          'counting the lost ones', type(e).__name__)
-        self._priorities_failing = True
+      self._write_priorities(info.key.numpy(), priorities.numpy())
     if int(self.num_steps.numpy()) % self._config.target_update_period == 0:
       self.update_target()
     out = {k: float(np.asarray(v)) for k, v in metrics.items()}
     out['priority_updates'] = float(self.priority_updates)
     out['priority_updates_lost'] = float(self.priority_updates_lost)
     return out
+
+  def _write_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+    """Sends new priorities to the table; while the replay server is away, counts them lost.
+
+    An outage (the replay node crashed and is being restarted) is logged once; the
+    dataset notices it too. Any other error, raised while the server answers (a missing
+    table, say), is a real one and raised.
+    """
+    try:
+      self._client.mutate_priorities(
+          self._table, updates=dict(zip(keys.tolist(), priorities.tolist())))
+    except Exception as e:  # pylint: disable=broad-except
+      if not (is_server_away(e) or not server_answers(self._client)):
+        raise
+      self.priority_updates_lost += len(keys)
+      if not self._priorities_failing:
+        logging.warning('Priority updates failed (%s: %s; the replay server is away); '
+                        'counting the lost ones', type(e).__name__, str(e)[:200])
+      self._priorities_failing = True
+      return
+    self.priority_updates += len(keys)
+    self._priorities_failing = False
 
   def step(self) -> Dict[str, float] | None:
     sample = self._batches.next()

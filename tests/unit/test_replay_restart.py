@@ -35,7 +35,16 @@ class _Server:
                                  stdout=self._log, stderr=subprocess.STDOUT)
 
   def kill(self):
-    os.kill(self.proc.pid, signal.SIGKILL)
+    """SIGKILLs the server and reaps it; a no-op for one already killed and reaped.
+
+    `finally` calls it again after the test may have killed this server: raising there
+    (`ProcessLookupError`) would hide the test's first error.
+    """
+    if self.proc.poll() is None:
+      try:
+        self.proc.send_signal(signal.SIGKILL)
+      except ProcessLookupError:  # exited just now; `wait` reaps it
+        pass
     self.proc.wait()
     self._log.close()
 
