@@ -218,6 +218,9 @@ def main() -> int:
   parser.add_argument('--seconds', type=float, default=None)
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
   parser.add_argument('--configs', default=None, help="e.g. 'catch:8:1,catch:2:16'")
+  parser.add_argument('--servers', default=None,
+                      help="comma-separated subset of server:transport rows, e.g. "
+                      "'echo:courier,seed:shm' (default: all)")
   parser.add_argument('--batching', default='',
                       help=f'comma-separated extra batching rows: {", ".join(BATCHING[1:])}')
   parser.add_argument('--tf_threads', default='',
@@ -252,6 +255,8 @@ def main() -> int:
     courier_rows = {}
     for kind, batching, n, xla_flags, *transport in variants:
       transport = transport[0] if transport else 'courier'
+      if args.servers and f'{kind}:{transport}' not in args.servers.split(','):
+        continue
       row = measure(kind, env, clients, k, seconds, batching, n, xla_flags, transport)
       if transport == 'courier' and batching == 'free' and not n and not xla_flags:
         courier_rows[kind] = row

@@ -40,13 +40,14 @@ class BatcherClosedError(ShutdownError):
 
 class _Pending:
   """One caller's request and, once its batch ran, its result."""
-  __slots__ = ('item', 'size', 'submitted', 'result')
+  __slots__ = ('item', 'size', 'submitted', 'result', 'eager')
 
-  def __init__(self, item: Any, size: int, submitted: float):
+  def __init__(self, item: Any, size: int, submitted: float, eager: bool = False):
     self.item = item
     self.size = size
     self.submitted = submitted
     self.result: Any = _NOT_DONE
+    self.eager = eager
 
 
 class BatcherStats(NamedTuple):
@@ -82,10 +83,14 @@ class RequestBatcher(Generic[T, R]):
   def max_batch_size(self) -> int:
     return self._max_batch_size
 
-  def __call__(self, item: T, size: int = 1) -> R:
+  def __call__(self, item: T, size: int = 1, eager: bool = False) -> R:
     """Adds `item` (worth `size` units) to the forming batch; returns its own result
-    once the batch ran (or raises its own exception)."""
-    mine = _Pending(item, size, time.monotonic())
+    once the batch ran (or raises its own exception).
+
+    `eager`: the batch runs as soon as the policy is free, full or not (a caller that
+    already waited for its own batch to fill, as the shared-memory server does).
+    """
+    mine = _Pending(item, size, time.monotonic(), eager)
     with self._cond:
       if self._closed:
         raise BatcherClosedError('inference server is shutting down')
@@ -108,7 +113,8 @@ class RequestBatcher(Generic[T, R]):
     """With the lock held: the open batch, if `mine` is in it and it should run now."""
     if self._busy or not self._open or mine not in self._open:
       return None
-    if self._open_units < self._max_batch_size and time.monotonic() < self._deadline():
+    if (self._open_units < self._max_batch_size and time.monotonic() < self._deadline()
+        and not any(p.eager for p in self._open)):
       return None
     batch, self._open, self._open_units = self._open, [], 0
     self._busy = True
@@ -118,6 +124,8 @@ class RequestBatcher(Generic[T, R]):
     """How long to sleep before looking again (woken early by a finished batch)."""
     if self._open and self._open[0] is mine and not self._busy:
       return max(self._deadline() - time.monotonic(), 0.0) + 1e-5
+    if mine.eager and not self._busy:
+      return 1e-4
     return 0.1
 
   @staticmethod

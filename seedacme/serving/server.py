@@ -16,7 +16,7 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
 6. returns each caller its slice of the actions.
 """
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -80,15 +80,14 @@ class InferenceServer:
     self._episodes = EpisodeTracker(num_envs) if acting is not None else None
     self.actor_restarts = 0
     self.requests_refused = 0
+    self._batch_timeout_s = batch_timeout_s
     self._batcher = batcher_lib.RequestBatcher(
         self._process, max_batch_size=max_batch_envs or num_envs,
         timeout_s=batch_timeout_s, name='inference-batcher')
 
-  # Called concurrently from Courier handler threads and shared-memory actor threads.
-  def step(self, request: Dict[str, Any],
-           owned: range | None = None) -> Dict[str, np.ndarray]:
-    """Serves one actor's request; `owned`: the env ids its caller attached with (the
-    shared-memory path), which its requests must keep to."""
+  def _parse(self, request: Dict[str, Any], owned: range | None) -> protocol.Request:
+    """Validates one request (and, for a shared-memory caller, that it keeps to the
+    env ids `owned` it attached with); a refusal is counted and raised."""
     try:
       parsed = protocol.validate_request(request, self._spec, self._num_envs,
                                          self._max_request_envs)
@@ -101,14 +100,59 @@ class InferenceServer:
     except protocol.InvalidRequestError:
       self.requests_refused += 1
       raise
+    return parsed
+
+  # Called concurrently from Courier handler threads.
+  def step(self, request: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    """Serves one actor's request (a Courier call)."""
+    parsed = self._parse(request, None)
     try:
-      return self._batcher(parsed, parsed.size)
+      reply = self._batcher([parsed], parsed.size)[0]
     except ShutdownError as e:
       # Orderly shutdown: a reply, not an exception (Courier would log a traceback).
       return {'shutting_down': str(e)}
+    if isinstance(reply, BaseException):
+      raise reply  # refused inside the batch (its env already had a step in flight)
+    return reply
 
-  def _process(self, requests: Sequence[protocol.Request]) -> List[Any]:
-    """Runs on the batch's leader thread: one policy call for all accepted requests."""
+  def serve_group(self, requests: Sequence[Dict[str, Any]],
+                  owned: Sequence[range]) -> List[Any]:
+    """Serves the requests of several actors that are ready together (the
+    shared-memory server's: one batcher entry, no thread per actor, and no waiting
+    for more: its caller already waited for the batch to fill, `batch_wait`).
+    Returns, per request, its reply or the `InvalidRequestError` refusing it."""
+    results: List[Any] = [None] * len(requests)
+    parsed, where = [], []
+    for i, (request, envs) in enumerate(zip(requests, owned)):
+      try:
+        parsed.append(self._parse(request, envs))
+        where.append(i)
+      except protocol.InvalidRequestError as e:
+        results[i] = e
+    if parsed:
+      try:
+        replies = self._batcher(parsed, sum(r.size for r in parsed), eager=True)
+      except ShutdownError as e:
+        replies = [{'shutting_down': str(e)}] * len(parsed)
+      for i, reply in zip(where, replies):
+        results[i] = reply
+    return results
+
+  def _process(self, groups: Sequence[Sequence[protocol.Request]]) -> List[Any]:
+    """Runs on the batch's leader thread: one policy call for every request of the
+    batch's entries (a Courier call's one request, or a shared-memory group); each
+    entry gets back the list of its requests' replies (or refusals)."""
+    flat = [r for group in groups for r in group]
+    results = self._process_requests(flat)
+    out, at = [], 0
+    for group in groups:
+      out.append(results[at:at + len(group)])
+      at += len(group)
+    return out
+
+  def _process_requests(self, requests: Sequence[protocol.Request]) -> List[Any]:
+    """One policy call for all of `requests` that can run together; per request, its
+    reply or the refusal of a second request for an env already in the batch."""
     results: List[Any] = [None] * len(requests)
     accepted, seen = [], set()
     for i, r in enumerate(requests):
@@ -211,6 +255,12 @@ class InferenceServer:
 
   def batch_stats(self, reset: bool = False) -> batcher_lib.BatcherStats:
     return self._batcher.stats(reset)
+
+  @property
+  def batch_wait(self) -> Tuple[int, float]:
+    """(envs, seconds): a batch runs once this many envs wait, or its first request
+    waited this long (`max_batch_envs`, the batch timeout)."""
+    return self._batcher.max_batch_size, self._batch_timeout_s
 
   @property
   def max_batch_envs(self) -> int:

@@ -18,6 +18,7 @@ Two ways the server's loss shows, both handled:
   it an outage. The pending batch is taken by a later call, none is dropped.
 """
 
+import functools
 import queue
 import threading
 import time
@@ -40,6 +41,23 @@ def batch_specs(item_signature: Any, batch_size: int) -> Any:
   """The specs of a batch of `batch_size` items with `item_signature`."""
   return tf.nest.map_structure(
       lambda s: tf.TensorSpec((batch_size,) + tuple(s.shape), s.dtype), item_signature)
+
+
+def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms: int,
+                    prefetch: int, with_info: bool):
+  """A tf.data iterator of batches from `table` (see `ReverbBatches.__init__`)."""
+  dataset = reverb.TrajectoryDataset.from_table_signature(
+      server_address=server_address, table=table,
+      max_in_flight_samples_per_worker=2 * batch_size,
+      rate_limiter_timeout_ms=timeout_ms,
+      # Without a timeout this blocks while the server is down (a replay restart).
+      get_signature_timeout_secs=max(1, timeout_ms // 1000))
+  if with_info:
+    dataset = dataset.map(lambda sample: (sample.info, sample.data))
+  else:
+    dataset = dataset.map(lambda sample: sample.data)
+  dataset = dataset.batch(batch_size, drop_remainder=False)
+  return iter(dataset.prefetch(prefetch))
 
 
 class _SamplingThread:
@@ -74,14 +92,15 @@ class _SamplingThread:
     self._pending = False
     return outcome
 
-  def stop(self, timeout_s: float) -> None:
+  def stop(self, timeout_s: float = 0.0) -> None:
     """Ends the thread (and drops its iterator) once its current request is done.
 
     Waits up to `timeout_s` for that; a thread blocked on a server that is gone stays
     (a daemon) until the server is back or the process ends.
     """
     self._requests.put(False)
-    self._thread.join(timeout_s)
+    if timeout_s > 0 and threading.current_thread() is not self._thread:
+      self._thread.join(timeout_s)
 
   def _run(self) -> None:
     iterator = None
@@ -123,31 +142,27 @@ class ReverbBatches:
     self._down_since: float | None = None  # when the server stopped answering
     self._sampled = False  # a batch came: later failures to connect are outages
 
-  def _make_iterator(self):
-    dataset = reverb.TrajectoryDataset.from_table_signature(
-        server_address=self._server_address, table=self._table,
-        max_in_flight_samples_per_worker=2 * self._batch_size,
-        rate_limiter_timeout_ms=self._timeout_ms,
-        # Without a timeout this blocks while the server is down (a replay restart).
-        get_signature_timeout_secs=max(1, self._timeout_ms // 1000))
-    if self._with_info:
-      dataset = dataset.map(lambda sample: (sample.info, sample.data))
-    else:
-      dataset = dataset.map(lambda sample: sample.data)
-    dataset = dataset.batch(self._batch_size, drop_remainder=False)
-    return iter(dataset.prefetch(self._prefetch))
-
   def close(self) -> None:
     """Drops the iterator and with it the sampling streams to the server."""
     if self._sampler is not None:
       self._sampler.stop(self._timeout_ms / 1e3 + 1.0)
       self._sampler = None
 
+  def __del__(self):
+    # Dropped without `close`: end the thread, without waiting (this may run anywhere).
+    if getattr(self, '_sampler', None) is not None:
+      self._sampler.stop()
+
   def next(self) -> Any | None:
     """The next batch (possibly smaller than batch_size when data ran short) or None."""
     if self._sampler is None:
-      self._sampler = _SamplingThread(self._make_iterator,
-                                      name=f'reverb-batches-{self._table}')
+      # The thread gets no reference to `self`: a `ReverbBatches` dropped without
+      # `close` is still collected, and `__del__` ends the thread.
+      self._sampler = _SamplingThread(
+          functools.partial(_batch_iterator, self._server_address, self._table,
+                            self._batch_size, self._timeout_ms, self._prefetch,
+                            self._with_info),
+          name=f'reverb-batches-{self._table}')
     self._sampler.request()
     outcome = self._sampler.result(self._timeout_ms / 1e3)
     if outcome is None:

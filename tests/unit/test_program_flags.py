@@ -42,3 +42,15 @@ def test_a_bad_flag_is_named(extra, named):
   args = local.parse_args(['catch', 'vtrace', '2', *extra])
   with pytest.raises(program_flags.ProgramArgsError, match=named):
     program_flags.make_program_inputs(args, '/tmp/unused')
+
+
+def test_batching_and_transport_flags_reach_the_config():
+  """`--inference_batch_envs 0` means ProgramConfig's default (the policy runs whatever
+  is queued), not lockstep: run_local had passed None, i.e. lockstep, for every run."""
+  def config_of(*extra):
+    args = local.parse_args(['catch', 'vtrace', '2', '4', *extra])
+    return program_flags.make_program_inputs(args, '/tmp/unused')[3]
+  default = config_of()
+  assert default.inference_batch_envs == 1 and default.transport == 'auto'
+  lockstep = config_of('--inference_batch_envs', '8', '--transport', 'courier')
+  assert lockstep.inference_batch_envs == 8 and lockstep.transport == 'courier'
