@@ -37,6 +37,25 @@ class ServerAway(ConnectionError):
   """The server's end went away (it stopped, or is restarting): attach again."""
 
 
+class _Patience:
+  """Says, while one request waits, that the server has not answered: after 5 s, then
+  every 30 s (gRPC waits for a restarting server by itself; a full replay table makes
+  the server wait for the learner)."""
+
+  def __init__(self, who: str, path: str):
+    self._who, self._path = who, path
+    self._sent = time.monotonic()
+    self._next = self._sent + SLOW_CALL_WARNING_S
+
+  def still_waiting(self) -> None:
+    now = time.monotonic()
+    if now >= self._next:
+      logging.warning('%s: no answer from the inference server for %.0fs (%s); waiting '
+                      'for it (restarting, or the learner is behind)', self._who,
+                      now - self._sent, self._path)
+      self._next += 30.0
+
+
 class RpcTransport:
   """A call per request (`client.futures.step(request)`), retried while the server is
   unreachable (gRPC waits for a restarting server by itself)."""
@@ -60,8 +79,7 @@ class RpcTransport:
     backoff = 0.1
     while not self._stop.is_set():
       future = self._client.futures.step(request)
-      sent = time.monotonic()
-      next_warning = sent + SLOW_CALL_WARNING_S
+      patience = _Patience(self._who, 'Courier')
       while True:
         try:
           return future.result(timeout=_SLICE_S)
@@ -69,11 +87,7 @@ class RpcTransport:
           if self._stop.is_set():
             future.cancel()
             return None
-          if time.monotonic() >= next_warning:
-            logging.warning('%s: no answer from the inference server for %.0fs; waiting '
-                            'for it (restarting, or the learner is behind)', self._who,
-                            time.monotonic() - sent)
-            next_warning += 30.0
+          patience.still_waiting()
         except Exception as e:  # pylint: disable=broad-except
           refusal = protocol.as_refusal(e)
           if refusal is e:
@@ -126,8 +140,7 @@ class ShmTransport:
                                mode)
     try:
       self._conn.sendall(shm.REQUEST)
-      sent = time.monotonic()
-      next_warning = sent + SLOW_CALL_WARNING_S
+      patience = _Patience(self._who, 'shared memory')
       while True:
         try:
           woke = self._conn.recv(1)
@@ -135,11 +148,7 @@ class ShmTransport:
         except TimeoutError:
           if self._stop.is_set():
             return None
-          if time.monotonic() >= next_warning:
-            logging.warning('%s: no answer from the inference server for %.0fs (shared '
-                            'memory); waiting for it (the learner is behind?)', self._who,
-                            time.monotonic() - sent)
-            next_warning += 30.0
+          patience.still_waiting()
     except OSError as e:
       raise ServerAway(f'{type(e).__name__}: {e}') from e
     if not woke:

@@ -40,6 +40,16 @@ def leftover_processes(tag: str) -> List[int]:
   return pids
 
 
+def wait_for(predicate, timeout: float, run: 'Run', interval_s: float = 0.5) -> bool:
+  """Polls `predicate` until it holds, `timeout` passes or the program ends."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and run.proc.poll() is None:
+    if predicate():
+      return True
+    time.sleep(interval_s)
+  return predicate()
+
+
 def supervised_child(run: 'Run', node: str) -> int:
   """Pid of the process doing `node`'s work (the supervisor's child, not its standby),
   from the supervisor's own log lines."""

@@ -7,24 +7,15 @@ import time
 
 import pytest
 
-from tests.integration.launch import (Run, checkpointed_learner_step, leftover_processes,
+from tests.integration.launch import (Run, wait_for, checkpointed_learner_step, leftover_processes,
                                       supervised_child, target_value)
 
 pytestmark = pytest.mark.integration
 
 
-def _wait_for(predicate, timeout, run):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline and run.proc.poll() is None:
-    if predicate():
-      return True
-    time.sleep(0.5)
-  return predicate()
-
-
 def _wait_for_learning(run: Run) -> None:
   learning = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
-  assert _wait_for(learning, 150, run), run.output[-3000:]
+  assert wait_for(learning, 150, run), run.output[-3000:]
 
 
 def _kill_child(run: Run, node: str) -> int:
@@ -35,7 +26,7 @@ def _kill_child(run: Run, node: str) -> int:
 
 
 def _wait_for_log(run: Run, node: str, text: str, timeout: float = 60) -> None:
-  assert _wait_for(lambda: text in run.node_log(node), timeout, run), \
+  assert wait_for(lambda: text in run.node_log(node), timeout, run), \
       run.node_log(node)[-3000:]
 
 
@@ -69,7 +60,7 @@ def test_killed_central_node_restarts_from_checkpoint_and_actors_reconnect(tmp_p
             '--checkpoint_interval_s', '2', '--progress_interval_s', '1'], str(tmp_path),
            logdir=logdir) as run:
     saved_any = lambda: (checkpointed_learner_step(logdir) or 0) > 0  # noqa: E731
-    assert _wait_for(saved_any, 150, run), run.output[-3000:]
+    assert wait_for(saved_any, 150, run), run.output[-3000:]
     victim = _kill_child(run, 'learner/0')
     saved = checkpointed_learner_step(logdir)
     run.complete(360)
@@ -108,7 +99,7 @@ def test_slow_learner_blocks_actors_and_memory_stays_flat(tmp_path):
   with Run(['catch', 'vtrace', '2', '16', '--max_seconds', '75', '--learner_step_delay_s',
             '0.5', '--num_eval_envs', '0', '--progress_interval_s', '2'], str(tmp_path)) as run:
     full = lambda: any((r.get('replay_size') or 0) >= 256 for r in run.progress())  # noqa: E731
-    assert _wait_for(full, 150, run), run.output[-3000:]  # the queue filled up ...
+    assert wait_for(full, 150, run), run.output[-3000:]  # the queue filled up ...
     time.sleep(5)
     first = _rss_mb(leftover_processes(run.tag))
     records_then = run.progress()
@@ -169,7 +160,7 @@ def test_killed_replay_node_restores_r2d2_replay_from_its_checkpoint(tmp_path):
             '--agent_config', 'min_replay_size=200'], str(tmp_path)) as run:
     ready = lambda: (any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
                      and _replay_checkpoints(run))
-    assert _wait_for(ready, 150, run), run.output[-3000:]
+    assert wait_for(ready, 150, run), run.output[-3000:]
     time.sleep(4)  # a checkpoint taken while learning
     victim = _kill_child(run, 'replay/0')
     _wait_for_log(run, 'replay/0', 'restored the latest checkpoint')

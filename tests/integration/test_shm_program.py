@@ -12,11 +12,10 @@ segment, and /dev/shm holds nothing new at any point).
 import os
 import re
 import signal
-import time
 
 import pytest
 
-from tests.integration.launch import Run, supervised_child
+from tests.integration.launch import Run, supervised_child, wait_for
 
 SEGMENT = 'seedacme-actor-segment'
 
@@ -41,12 +40,7 @@ def _segments():
 
 
 def _wait(predicate, timeout, run):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline and run.proc.poll() is None:
-    if predicate():
-      return True
-    time.sleep(0.25)
-  return predicate()
+  return wait_for(predicate, timeout, run, interval_s=0.25)
 
 
 def _child(run, node):
