@@ -121,6 +121,22 @@ class InferenceServer:
     shared-memory server's: one batcher entry, no thread per actor, and no waiting
     for more: its caller already waited for the batch to fill, `batch_wait`).
     Returns, per request, its reply or the `InvalidRequestError` refusing it."""
+    if len(requests) > 1:
+      merged = protocol.merge_requests(requests, self._spec, self._num_envs,
+                                       self._max_request_envs, owned)
+      if merged is not None:  # all valid: one request, validated in one pass
+        try:
+          reply = self._batcher([merged], merged.size, eager=True)[0]
+        except ShutdownError as e:
+          return [{'shutting_down': str(e)}] * len(requests)
+        if not isinstance(reply, BaseException):
+          out, at = [], 0
+          for r in requests:
+            k = r['ids'].shape[1]
+            out.append({'action': reply['action'][at:at + k]})
+            at += k
+          return out
+        # Refused inside the batch (an env in flight twice): one by one below.
     results: List[Any] = [None] * len(requests)
     parsed, where = [], []
     for i, (request, envs) in enumerate(zip(requests, owned)):
@@ -174,7 +190,7 @@ class InferenceServer:
       r = batch[0]
       env_ids, run_ids, step_type, reward, discount, observation = (
           r.env_ids, r.run_ids, r.step_type, r.reward, r.discount, r.observation)
-      eval_mask = np.full(r.size, r.mode is Mode.EVAL)
+      eval_mask = r.evaluating()
     else:
       env_ids = np.concatenate([r.env_ids for r in batch])
       run_ids = np.concatenate([r.run_ids for r in batch])
@@ -182,7 +198,7 @@ class InferenceServer:
       reward = np.concatenate([r.reward for r in batch])
       discount = np.concatenate([r.discount for r in batch])
       observation = np.concatenate([r.observation for r in batch])
-      eval_mask = np.concatenate([np.full(r.size, r.mode is Mode.EVAL) for r in batch])
+      eval_mask = np.concatenate([r.evaluating() for r in batch])
     restarted = self._note_restarts(env_ids, run_ids)
 
     out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted,

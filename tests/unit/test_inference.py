@@ -199,3 +199,25 @@ def test_unknown_env_id_error_names_it():
     with pytest.raises(InvalidRequestError, match=r'env_ids \[4\] are unknown'):
       server.step(_request([4], 1, 0))
     assert server.step(_request([0], 1, 0))['action'].tolist() == [0]  # still serving
+
+
+def test_a_group_with_a_bad_request_serves_the_others_and_refuses_only_it():
+  """The shared-memory server's group of ready actors: merged when all are valid,
+  one by one when one is not, so the refusal still names its own fault."""
+  with _serving(num_envs=6, max_batch_envs=1) as server:
+    good = _request([0, 1], 1, 0)
+    nan = _request([2], 1, 0, obs=np.nan)
+    foreign = _request([0], 1, 0)  # another actor's env
+    evaluating = _request([5], 1, 0, mode=Mode.EVAL)
+    owned = [range(0, 2), range(2, 3), range(3, 4), range(5, 6)]
+    results = server.serve_group([good, nan, foreign, evaluating], owned)
+    assert results[0]['action'].tolist() == [0, 0]
+    assert isinstance(results[1], InvalidRequestError) and 'NaN' in str(results[1])
+    assert isinstance(results[2], InvalidRequestError) and "not this actor's" in str(results[2])
+    assert results[3]['action'].tolist() == [4]  # evaluation envs act 4 - count
+    assert server.requests_refused == 2
+    # All valid: one merged batch, each actor its own slice, modes kept per env.
+    results = server.serve_group([_request([0, 1], 1, 1), _request([5], 1, 1, mode=Mode.EVAL)],
+                                 [range(0, 2), range(5, 6)])
+    assert [r['action'].tolist() for r in results] == [[1, 1], [3]]
+    assert server.acting.env_steps(Mode.EVAL) == 2 and server.acting.env_steps(Mode.TRAIN) == 4

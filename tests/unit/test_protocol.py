@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from seedacme.types import Mode, EnvSpec
-from seedacme.wire.protocol import InvalidRequestError, make_request, validate_request
+from seedacme.wire.protocol import (InvalidRequestError, make_request, merge_requests,
+                                    validate_request)
 
 SPEC = EnvSpec(observation_shape=(3, 2), observation_dtype='float32', num_actions=3)
 
@@ -81,3 +82,35 @@ def test_oversized_and_empty_requests():
 
 def test_not_a_dict():
   _check([1, 2, 3], 'request must be a dict')
+
+
+def _actor_request(env_ids, mode='train', value=0.0, **overrides):
+  k = len(env_ids)
+  request = make_request(np.asarray(env_ids), np.full(k, 3), np.full((k, 3, 2), value, np.float32),
+                         np.zeros(k), np.ones(k), np.ones(k), Mode(mode))
+  request.update(overrides)
+  return request
+
+
+def test_merged_requests_validate_as_one_with_each_envs_mode():
+  requests = [_actor_request([0, 1]), _actor_request([5], 'eval'), _actor_request([2, 3])]
+  owned = [range(0, 2), range(4, 6), range(2, 4)]
+  merged = merge_requests(requests, SPEC, num_envs=8, max_request_envs=6, owned=owned)
+  assert merged.env_ids.tolist() == [0, 1, 5, 2, 3]
+  assert merged.evaluating().tolist() == [False, False, True, False, False]
+  one_by_one = [validate_request(r, SPEC, num_envs=8, max_request_envs=6) for r in requests]
+  np.testing.assert_array_equal(merged.observation,
+                                np.concatenate([r.observation for r in one_by_one]))
+
+
+@pytest.mark.parametrize('bad', [
+    lambda: _actor_request([2], value=np.nan),  # NaN observation
+    lambda: _actor_request([0]),  # env 0 is another actor's (and in flight twice)
+    lambda: _actor_request([2], mode='eval', transition=np.zeros((3, 2), np.float32)),
+    lambda: {**_actor_request([2]), 'mode': 'greedy'},
+    lambda: _actor_request([7]),  # outside the envs it attached with
+])
+def test_any_bad_request_unmerges_the_group(bad):
+  requests = [_actor_request([0, 1]), bad()]
+  assert merge_requests(requests, SPEC, num_envs=8, max_request_envs=6,
+                        owned=[range(0, 2), range(2, 4)]) is None
