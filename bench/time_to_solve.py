@@ -36,7 +36,9 @@ def main() -> int:
                       '(default time_to_solve[_quick].json)')
   parser.add_argument('--only', default=None, help='e.g. catch, cartpole, r2d2, vtrace')
   parser.add_argument('--modes', default='central,actor',
-                      help='inference modes to run, comma-separated')
+                      help="inference modes to run, comma-separated: central (requests "
+                      "through shared memory on this host, the default transport), "
+                      "courier (central, requests over Courier), actor")
   parser.add_argument('--envs_per_actor', type=int, default=None,
                       help='only the runs with this K')
   parser.add_argument('--runs', default=None,
@@ -76,13 +78,18 @@ def main() -> int:
       extra = [] if eval_envs is None else ['--num_eval_envs', str(eval_envs)]
       extra += [f'--agent_config={c}' for c in args.agent_config]
       extra += ['--seed', str(seed)] if seed else []
-      run = ProgramRun([env, agent, '2', str(k), '--inference', mode,
+      flags = {'central': ['--inference', 'central'],
+               'courier': ['--inference', 'central', '--transport', 'courier'],
+               'actor': ['--inference', 'actor']}[mode]
+      run = ProgramRun([env, agent, '2', str(k), *flags,
                         '--target_return', str(TARGETS[env]), '--target_on', target_on,
                         '--max_seconds', str(cap)] + extra, f'{env}_{agent}_{k}_{mode}')
       result = run.run(timeout_s=cap + 150)
       summary = result['summary']
       solved = (summary.get('stop') or {}).get('kind') in ('target', 'eval_target')
-      row = {'env': env, 'agent': agent, 'inference': mode, 'exit': result['exit_code'],
+      row = {'env': env, 'agent': agent, 'inference': 'actor' if mode == 'actor' else 'central',
+             'transport': {'central': 'auto', 'courier': 'courier', 'actor': '-'}[mode],
+             'exit': result['exit_code'],
              'K': k, 'target_on': target_on, 'seed': seed,
              'agent_config': ' '.join(args.agent_config) or 'defaults',
              'num_eval_envs': eval_envs if eval_envs is not None else ProgramConfig.num_eval_envs,
@@ -108,7 +115,7 @@ def main() -> int:
             f"logdir {run.logdir}", flush=True)
   print()
   print_table(rows, ['env', 'agent', 'K', 'num_eval_envs', 'target_on', 'inference',
-                     'seed', 'agent_config',
+                     'transport', 'seed', 'agent_config',
                      'time_to_target_s', 'env_steps', 'train_env_steps_per_s',
                      'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
                      'replay_rss_mb', 'program_peak_rss_mb'])

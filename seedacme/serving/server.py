@@ -30,18 +30,6 @@ from seedacme.types import FIRST, LAST, EnvSpec, Episodes, Mode
 from seedacme.wire import protocol
 
 
-class EnvRuns:
-  """Host-side bookkeeping per global env id: its actor's run id.
-
-  The recurrent state itself lives with the policy (on the device,
-  `seedacme.serving.tf_policy`); the episode in progress with the acting account.
-  """
-
-  def __init__(self, num_envs: int):
-    self.num_envs = num_envs
-    self.run_ids = np.full(num_envs, -1, np.int64)
-
-
 class InferenceServer:
   """Serves `step(request)` for all actors of a program from one batched policy."""
 
@@ -75,7 +63,9 @@ class InferenceServer:
     self._sink = trajectory_sink
     self._max_request_envs = max_request_envs
     self.batch_capacity = batch_capacity or num_envs
-    self._runs = EnvRuns(num_envs)
+    # Per global env id, its actor's run id (-1: never seen). The recurrent state
+    # lives with the policy, on the device; the episode in progress with the account.
+    self._run_ids = np.full(num_envs, -1, np.int64)
     self.acting = acting
     self._episodes = EpisodeTracker(num_envs) if acting is not None else None
     self.actor_restarts = 0
@@ -227,17 +217,16 @@ class InferenceServer:
   def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
     """Bool mask of the envs whose run id changed (their actor restarted): their state
     starts over and their partial trajectories are dropped."""
-    runs = self._runs
-    changed = runs.run_ids[env_ids] != run_ids
+    changed = self._run_ids[env_ids] != run_ids
     if not changed.any():
       return changed
     restarted = env_ids[changed]
-    known = restarted[runs.run_ids[restarted] >= 0]
+    known = restarted[self._run_ids[restarted] >= 0]
     if known.size:
       self.actor_restarts += 1
       logging.info('Run id changed for %d envs (actor restart): resetting their '
                    'state and dropping partial trajectories', known.size)
-    runs.run_ids[restarted] = run_ids[changed]
+    self._run_ids[restarted] = run_ids[changed]
     if self._episodes is not None:
       self._episodes.forget(restarted)
     if self._sink is not None:

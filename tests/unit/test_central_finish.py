@@ -49,7 +49,8 @@ def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summari
   logdir = str(tmp_path)
   config = ProgramConfig(num_actors=2, envs_per_actor=4, num_eval_envs=0, logdir=logdir,
                          max_seconds=None, max_learner_steps=150,
-                         progress_interval_s=0.5, checkpoint_interval_s=600.0)
+                         progress_interval_s=0.25, checkpoint_interval_s=600.0,
+                         learner_step_delay_s=0.01)  # >= 1.5 s: several records
   stop = threading.Event()
   client = reverb.Client(f'localhost:{server.port}')
   central = CentralNode(builder, spec, config, client,
