@@ -213,9 +213,9 @@ def _step_randomly(env: str, env_kwargs: Dict[str, Any], num_envs: int, seconds:
                    seed: int, queue) -> None:
   for var in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):
     os.environ[var] = '1'
+  from seedacme.actor.engines import make_engine  # pylint: disable=g-import-not-at-top
   from seedacme.envs import registry  # pylint: disable=g-import-not-at-top
-  engine = registry.make_engine(registry.make_factory(env, **env_kwargs), num_envs,
-                                seed=seed)
+  engine = make_engine(registry.make_factory(env, **env_kwargs), num_envs, seed=seed)
   rng = np.random.default_rng(seed)
   num_actions = engine.spec.num_actions
   if hasattr(engine, 'recv'):  # a half-batch engine: answer whichever half is ready

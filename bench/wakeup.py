@@ -35,8 +35,10 @@ def _pair(kind):
     r2, w2 = os.pipe()
     return ((lambda: os.write(w1, b'x')), (lambda: os.read(r2, 1)),
             (lambda: os.write(w2, b'x')), (lambda: os.read(r1, 1)))
-  if kind == 'unix_socket':
+  if kind in ('unix_socket', 'unix_socket_timeout'):
     s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    if kind == 'unix_socket_timeout':  # what ShmTransport does: recv waits in slices
+      s1.settimeout(0.2)
     return ((lambda: s1.send(b'x')), (lambda: s1.recv(1)),
             (lambda: s2.send(b'x')), (lambda: s2.recv(1)))
   raise ValueError(kind)
@@ -82,7 +84,7 @@ def main() -> int:
   parser.add_argument('--round_trips', type=int, default=20000)
   args = parser.parse_args()
   rows = []
-  for kind in ('eventfd', 'pipe', 'unix_socket'):
+  for kind in ('eventfd', 'pipe', 'unix_socket', 'unix_socket_timeout'):
     # Each in a fresh child so RUSAGE_CHILDREN counts only its own server side.
     r, w = os.pipe()
     pid = os.fork()

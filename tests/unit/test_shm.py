@@ -266,3 +266,40 @@ def test_segments_leave_nothing_in_dev_shm(serving):
 
 def test_the_boot_id_names_this_host():
   assert shm.boot_id() == shm.boot_id() and len(shm.boot_id()) >= 32
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_wakes_an_actor_waiting_on_a_silent_server():
+  """The actor waits for a reply in a blocking recv (no timeout slices: cheaper); its
+  stop event still ends the wait at once."""
+  import socket  # pylint: disable=g-import-not-at-top
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  address = shm.new_address(12345)
+  listener.bind(address)
+  listener.listen(1)
+  segments = []
+
+  def silent_server():  # attaches the actor, then never answers
+    conn, _ = listener.accept()
+    conn.recv(4096)
+    segment = shm.Segment.create(SPEC, 2, 12345)
+    shm.send_segment(conn, segment)
+    segments.append((conn, segment))
+
+  thread = threading.Thread(target=silent_server, daemon=True)
+  thread.start()
+  stop = threading.Event()
+  transport = ShmTransport.attach({'address': address, 'generation': 12345}, 0, 2, stop,
+                                  'actor')
+  try:
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    assert transport.step(*_fields([0, 1]), Mode.TRAIN) is None
+    assert 0.4 < time.monotonic() - started < 2.0
+  finally:
+    transport.close()
+    thread.join(5)
+    for conn, segment in segments:
+      conn.close()
+      segment.close()
+    listener.close()
