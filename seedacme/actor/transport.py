@@ -4,16 +4,15 @@
 reply back. Underneath it is one of two transports, chosen when the actor attaches and
 again whenever the server goes away:
 
-* `ShmTransport` when the central node offers shared memory and runs on this host (the
-  kernel's boot id is the same): the request is written into the actor's segment and a
-  byte on a Unix socket wakes the server (`seedacme.wire.shm`); ~6 us of CPU per side
-  where Courier costs ~500 (docs/benchmarks.md).
+* `ShmTransport` when the central node offers shared memory on this host (same kernel
+  boot id): the request goes into the actor's segment, a byte on a Unix socket wakes
+  the server (`seedacme.wire.shm`); at 8 actors x 1 env it cost the actor 102 us of
+  CPU per env step where Courier cost 388 (docs/benchmarks.md, "Shared memory").
 * `RpcTransport` otherwise: a Courier call (`client.futures.step`), or an actor's own
   inference (`seedacme.actor.actor_side`), which offers the same call.
 
-`ProgramConfig.transport` picks: 'auto' (shared memory when offered on this host),
-'courier' (force Courier: the comparison), 'shm' (shared memory or fail at attach).
-The actor's loop does not know which path it is on.
+`ProgramConfig.transport`: 'auto' (shared memory when offered here), 'courier' (the
+comparison), 'shm' (shared memory or fail at attach). The actor's loop never knows.
 """
 
 import socket
@@ -213,7 +212,7 @@ class InferencePath:
   @property
   def name(self) -> str | None:
     """'shm' or 'courier' (None before the first request)."""
-    return self.current.name if self.current is not None else None
+    return getattr(self.current, 'name', None)
 
   def _offer(self) -> Dict[str, Any] | None:
     """The central node's shared-memory offer (None: it makes none, or it is not a
@@ -250,17 +249,12 @@ class InferencePath:
     offer = self._offer()
     if self._stop.is_set():
       return None
-    if offer is None:
+    elsewhere = offer is not None and offer['boot_id'] != shm.boot_id()
+    if offer is None or elsewhere:
+      why = 'runs on another host' if elsewhere else 'offers no shared memory'
       if self._transport == 'shm':
-        raise RuntimeError(f'{self._who}: transport=shm, but the inference server '
-                           'offers no shared memory')
-      return rpc
-    if offer['boot_id'] != shm.boot_id():
-      if self._transport == 'shm':
-        raise RuntimeError(f'{self._who}: transport=shm, but the inference server runs '
-                           'on another host')
-      logging.info('%s: the inference server is on another host: requests through '
-                   'Courier', self._who)
+        raise RuntimeError(f'{self._who}: transport=shm, but the inference server {why}')
+      logging.info('%s: the inference server %s: requests through Courier', self._who, why)
       return rpc
     try:
       path = ShmTransport.attach(offer, self._first_env_id, self._num_envs, self._stop,

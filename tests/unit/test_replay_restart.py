@@ -3,14 +3,13 @@ the trajectory writer and the learner's dataset reconnect by themselves, and a r
 server loads the latest checkpoint the replay process wrote."""
 
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import portpicker
 import pytest
+
+from tests.unit.subprocess_server import ServerProcess
 
 _SERVER = '''
 import sys, threading
@@ -26,29 +25,6 @@ serve_replay(threading.Event(), port, tables, ckdir, grace_s=0.0,
 '''
 
 
-class _Server:
-  """`serve_replay` in a subprocess, as the replay node's child runs it."""
-
-  def __init__(self, port, checkpoint_dir, log_path):
-    self._log = open(log_path, 'a')
-    self.proc = subprocess.Popen([sys.executable, '-c', _SERVER, str(port), checkpoint_dir],
-                                 stdout=self._log, stderr=subprocess.STDOUT)
-
-  def kill(self):
-    """SIGKILLs the server and reaps it; a no-op for one already killed and reaped.
-
-    `finally` calls it again after the test may have killed this server: raising there
-    (`ProcessLookupError`) would hide the test's first error.
-    """
-    if self.proc.poll() is None:
-      try:
-        self.proc.send_signal(signal.SIGKILL)
-      except ProcessLookupError:  # exited just now; `wait` reaps it
-        pass
-    self.proc.wait()
-    self._log.close()
-
-
 @pytest.mark.timeout(120)
 def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path, wait_until):
   import reverb  # pylint: disable=g-import-not-at-top
@@ -59,7 +35,7 @@ def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path, wait_u
   checkpoint_dir = str(tmp_path / 'checkpoints')
   os.makedirs(checkpoint_dir)
   log = str(tmp_path / 'server.log')
-  server = _Server(port, checkpoint_dir, log)
+  server = ServerProcess(_SERVER, [str(port), checkpoint_dir], log)
   client = reverb.Client(f'localhost:{port}')
   writer = batches = None
   try:
@@ -80,7 +56,7 @@ def test_writer_and_dataset_reconnect_and_the_table_is_restored(tmp_path, wait_u
     assert batches.next() is None and batches.next() is None
     assert time.monotonic() - started < 10
     writer.write(np.full((4, 3), 2.0, np.float32))
-    server = _Server(port, checkpoint_dir, log)
+    server = ServerProcess(_SERVER, [str(port), checkpoint_dir], log)
     assert wait_until(lambda: writer.reconnects == 1 and writer.items_written == 16, 60, 0.1), \
         (writer.reconnects, writer.items_written, writer.items_rewritten, open(log).read()[-2000:])
     assert writer.error is None

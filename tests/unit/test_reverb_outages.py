@@ -13,14 +13,14 @@ that one is injected.
 
 import logging
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import portpicker
 import pytest
+
+from tests.unit.subprocess_server import ServerProcess
 
 _SERVER = '''
 import sys, time
@@ -31,34 +31,15 @@ server.wait()
 '''
 
 
-class _ServerProcess:
-  """A Reverb server (queue table 'q' of `{'x': float32[3]}`) in a subprocess."""
-
-  def __init__(self, port: int, log_path: str):
-    self._log = open(log_path, 'a')
-    self.proc = subprocess.Popen([sys.executable, '-c', _SERVER, str(port)],
-                                 stdout=self._log, stderr=subprocess.STDOUT)
-
-  def kill(self) -> None:
-    """SIGKILLs and reaps the server; a no-op when it is gone already (never raises)."""
-    if self.proc.poll() is None:
-      try:
-        self.proc.send_signal(signal.SIGKILL)
-      except ProcessLookupError:  # exited just now; `wait` reaps it
-        pass
-    self.proc.wait()
-    self._log.close()
-
-
 @pytest.fixture
 def servers(tmp_path):
-  """`start(port) -> _ServerProcess`, answering; every server started is killed after."""
+  """`start(port) -> ServerProcess`, answering; every server started is killed after."""
   import reverb  # pylint: disable=g-import-not-at-top
   from seedacme.trajectories.reverb_errors import server_answers  # pylint: disable=g-import-not-at-top
   started = []
 
-  def start(port: int) -> _ServerProcess:
-    server = _ServerProcess(port, str(tmp_path / 'server.log'))
+  def start(port: int) -> ServerProcess:
+    server = ServerProcess(_SERVER, [str(port)], str(tmp_path / 'server.log'))
     started.append(server)
     client = reverb.Client(f'localhost:{port}')
     deadline = time.monotonic() + 60
