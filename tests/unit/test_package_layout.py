@@ -251,3 +251,12 @@ def test_tests_and_benches_use_only_public_names_of_the_package():
           path = os.path.join(dirpath, name)
           private += [f'{os.path.relpath(path, root)}: {u}' for u in _private_uses(path)]
   assert not private, private
+
+
+def test_every_core_subpackage_is_a_regular_package():
+  """setup.py ships what `setuptools.find_packages` finds, and it skips a folder without
+  `__init__.py`: the wheel (and Vertex's images) would lack that part of the core."""
+  missing = [os.path.relpath(root, CORE_DIR) for root, _, files in os.walk(CORE_DIR)
+             if '__pycache__' not in root and any(f.endswith('.py') for f in files)
+             and '__init__.py' not in files]
+  assert not missing, missing
