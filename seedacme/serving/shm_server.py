@@ -236,14 +236,14 @@ class ShmServer:
         # the batch timeout): more actors may be a few microseconds behind.
         envs, timeout_s = self._server.batch_wait
         deadline = time.monotonic() + timeout_s
-        units = sum(len(s.envs) for s in ready)
+        units = sum(s.segment.size for s in ready)
         while units < envs and not self._closed:
           left = deadline - time.monotonic()
           if left <= 0:
             break
           more = self._ready(left)
           ready += more
-          units += sum(len(s.envs) for s in more)
+          units += sum(s.segment.size for s in more)
         self._serve(ready)
     finally:
       with self._lock:

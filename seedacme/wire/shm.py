@@ -177,6 +177,11 @@ class Segment:
     return {'refused': message}
 
   # ---- the server's side -----------------------------------------------------------
+  @property
+  def size(self) -> int:
+    """Envs in the request in the slot (a half-batch actor sends K/2 of its K)."""
+    return int(self.header[SIZE])
+
   def request(self) -> Dict[str, Any]:
     """The request in the actor's slot, in the wire format `validate_request` reads
     (views, not copies: valid until the reply is sent)."""
