@@ -218,7 +218,7 @@ class InferencePath:
     """The central node's shared-memory offer (None: it makes none, or it is not a
     central node), asked over Courier and retried while the node is unreachable."""
     offer_call = getattr(getattr(self._client, 'futures', None), 'shm_offer', None)
-    if offer_call is None or not hasattr(self._client, 'shm_offer'):
+    if offer_call is None:  # an actor's own inference, or a stand-in without it
       return None
     backoff = 0.1
     while not self._stop.is_set():

@@ -70,7 +70,6 @@ class ShmServer:
     self._attached: Dict[Tuple[int, int], _Slot | None] = {}  # None: being attached
     self._new_slots: collections.deque = collections.deque()
     self._closed = False
-    self.attaches = 0
     self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     self._selector = selectors.DefaultSelector()
     self._selector.register(self._wake, selectors.EVENT_READ, None)
@@ -164,10 +163,10 @@ class ShmServer:
       envs = range(hello.first_env_id, hello.first_env_id + hello.num_envs)
       with self._lock:
         if self._closed:
+          segment.close()
           raise ConnectionAbortedError('the server closed')
         self._attached[key] = slot = _Slot(conn, segment, envs)
         self._new_slots.append(slot)
-        self.attaches += 1
       os.eventfd_write(self._wake, 1)
       logging.info('shm: actor with envs %d..%d attached', envs[0], envs[-1])
       return
