@@ -113,6 +113,29 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 
+# PPO (agents/ppo). Vector observations: CleanRL's PPO settings (separate tanh MLPs,
+# clip 0.2, lambda 0.95, Adam 3e-4 / eps 1e-5, grad norm 0.5), with a batch of
+# `batch_size` unrolls off the queue standing for CleanRL's rollout of N envs x T steps.
+_PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    'catch': dict(unroll_length=20, batch_size=16, epochs=4, num_minibatches=4,
+                  queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
+                  activation='relu'),
+    'cartpole': dict(unroll_length=32, batch_size=16, epochs=4, num_minibatches=4,
+                     queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
+                     reward_scale=0.1),
+    # MuJoCo: CleanRL's 2048 transitions per update (16 unrolls x 128), 32 minibatches
+    # of 64, 10 epochs; observations and rewards normalized (on by default here).
+    'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=16,
+                   queue_size=16, learning_rate=3e-4, entropy_cost=0.0,
+                   normalize_observations=True, normalize_rewards=True, squash='clip'),
+    # Atari: CleanRL's Atari PPO (Nature CNN, 8 x 128 transitions per update, 4
+    # minibatches x 4 epochs, clip 0.1, value clip 0.1, lr 2.5e-4, entropy 0.01).
+    'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=8,
+                  epochs=4, num_minibatches=4, queue_size=8, learning_rate=2.5e-4,
+                  clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01, reward_clip=1.0),
+}
+
+
 # V-trace with few envs: a learner batch needs `batch_size` whole unrolls, so with two
 # envs a batch of 32 unrolls of 20 steps waits for 640 env steps, and the policy lag
 # grows with it. Below this many unrolls per training env the batch shrinks to
@@ -151,5 +174,7 @@ def make_builder(agent: str, env: str, num_train_envs: int | None = None,
 register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
                           'seedacme.agents.vtrace:VTraceConfig', _VTRACE_DEFAULTS,
                           fit=_fit_vtrace_batch))
+register_agent(AgentEntry('ppo', 'seedacme.agents.ppo:PPOBuilder',
+                          'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS))
 register_agent(AgentEntry('r2d2', 'seedacme.agents.r2d2:R2D2Builder',
                           'seedacme.agents.r2d2:R2D2Config', _R2D2_DEFAULTS))

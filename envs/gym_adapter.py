@@ -1,10 +1,16 @@
 """Gymnasium (>= 1.0) environments as dm_env environments.
 
-Episode ends map to dm_env's conventions: `terminated` gives a LAST step with discount
-0; `truncated` (time limit) gives a LAST step with discount 1, so learners bootstrap
-from the value of the final observation instead of treating the cut as a terminal state.
-"""
+Discrete actions (CartPole) become a `DiscreteArray`; float `Box` actions (MuJoCo:
+HalfCheetah-v5, Hopper-v5, ...) a float32 `BoundedArray` with the space's bounds.
+Continuous actions are not clipped: the policy keeps them inside the bounds, and one
+outside them or not finite raises `ValueError` before it reaches the env. Observations
+are float32 (MuJoCo returns float64).
 
+Episode ends map to dm_env's conventions: `terminated` (Hopper falls) gives a LAST step
+with discount 0; `truncated` (the time limit, 1000 steps for MuJoCo tasks) gives a LAST
+step with discount 1, so learners bootstrap from the value of the final observation.
+SEED RL's own MuJoCo wrapper treated time limits as terminations; here they are not.
+"""
 
 import dm_env
 from dm_env import specs
@@ -13,11 +19,16 @@ import numpy as np
 
 
 class GymnasiumEnv(dm_env.Environment):
-  """Wraps a gymnasium env with a `Discrete` action space and a `Box` observation space."""
+  """Wraps a gymnasium env with a `Discrete` or float `Box` action space and a `Box`
+  observation space."""
 
   def __init__(self, env: gymnasium.Env, seed: int | None = None):
-    if not isinstance(env.action_space, gymnasium.spaces.Discrete):
-      raise ValueError(f'Only Discrete action spaces are supported, got {env.action_space}')
+    space = env.action_space
+    self._continuous = isinstance(space, gymnasium.spaces.Box)
+    if self._continuous and not np.issubdtype(space.dtype, np.floating):
+      raise ValueError(f'Box action spaces must hold floats, got {space}')
+    if not (self._continuous or isinstance(space, gymnasium.spaces.Discrete)):
+      raise ValueError(f'Only Discrete or Box action spaces are supported, got {space}')
     if not isinstance(env.observation_space, gymnasium.spaces.Box):
       raise ValueError(f'Only Box observation spaces are supported, got {env.observation_space}')
     self._env = env
@@ -34,8 +45,9 @@ class GymnasiumEnv(dm_env.Environment):
 
   def step(self, action) -> dm_env.TimeStep:
     if self._needs_reset:
-      return self.reset()
-    obs, reward, terminated, truncated, _ = self._env.step(int(action))
+      return self.reset()  # The action for a LAST step is ignored.
+    action = self._continuous_action(action) if self._continuous else int(action)
+    obs, reward, terminated, truncated, _ = self._env.step(action)
     obs = np.asarray(obs, dtype=self._dtype)
     reward = float(reward)
     if terminated:
@@ -46,11 +58,29 @@ class GymnasiumEnv(dm_env.Environment):
       return dm_env.truncation(reward, obs)
     return dm_env.transition(reward, obs)
 
+  def _continuous_action(self, action) -> np.ndarray:
+    space = self._env.action_space
+    action = np.asarray(action, dtype=space.dtype)
+    ok = action.size == np.prod(space.shape)
+    if ok:
+      action = action.reshape(space.shape)
+      ok = (np.isfinite(action).all() and (action >= space.low).all()
+            and (action <= space.high).all())
+    if not ok:  # Bad actions never reach the env.
+      name = self._env.spec.id if self._env.spec else type(self._env.unwrapped).__name__
+      raise ValueError(f'{name}: action {action.tolist()} is not finite, not of shape '
+                       f'{space.shape} or outside [{space.low.tolist()}, {space.high.tolist()}]')
+    return action
+
   def observation_spec(self) -> specs.Array:
     return specs.Array(self._env.observation_space.shape, self._dtype, 'observation')
 
-  def action_spec(self) -> specs.DiscreteArray:
-    return specs.DiscreteArray(int(self._env.action_space.n), np.int32, name='action')
+  def action_spec(self) -> specs.DiscreteArray | specs.BoundedArray:
+    space = self._env.action_space
+    if self._continuous:
+      return specs.BoundedArray(space.shape, np.float32, space.low, space.high,
+                                name='action')
+    return specs.DiscreteArray(int(space.n), np.int32, name='action')
 
   def close(self) -> None:
     self._env.close()

@@ -25,6 +25,18 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
   return dmlab.make_dmlab(seed, level=level)
 
 
+def _make_mujoco(seed: int, level: str = 'HalfCheetah-v5',
+                 max_episode_steps: int | None = None) -> dm_env.Environment:
+  """A gymnasium MuJoCo task; `max_episode_steps=None` keeps gymnasium's (1000)."""
+  import gymnasium
+  from seedacme.envs import gym_adapter
+  kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+  try:
+    return gym_adapter.make_gymnasium(level, seed, **kwargs)
+  except gymnasium.error.Error as e:  # an unknown id, or mujoco not installed
+    raise ValueError(f'cannot make the MuJoCo task {level!r}: {e}') from e
+
+
 def _make_football(seed: int, scenario: str = '11_vs_11_easy_stochastic',
                    **kwargs) -> dm_env.Environment:
   from seedacme.envs import football
@@ -95,6 +107,7 @@ register_env('catch', _make_catch)
 register_env('cartpole', _make_cartpole)
 register_env('dmlab', _make_dmlab)
 register_env('football', _make_football)
+register_env('mujoco', _make_mujoco)
 ENV_NAMES = env_names()  # the built-in ones
 
 

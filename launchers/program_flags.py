@@ -55,7 +55,8 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       "vector_sync/vector_async (Atari only: ale-py's C++ engine, all K at "
                       "once or two halves of K/2 overlapped with inference)")
   parser.add_argument('--level', default=None,
-                      help='DMLab level (a DMLab-30 name or a level script path)')
+                      help='DMLab level (a DMLab-30 name or a level script path), or the '
+                      'MuJoCo task (gymnasium id, e.g. HalfCheetah-v5)')
   parser.add_argument('--scenario', default=None,
                       help='Football scenario (default 11_vs_11_easy_stochastic)')
   parser.add_argument('--env_config', action='append', default=[], metavar='ARG=VALUE',

@@ -44,28 +44,108 @@ class EnvSpec:
   Attributes:
     observation_shape: shape of one observation (no batch dimension).
     observation_dtype: numpy dtype name of observations as they cross the wire.
-    num_actions: size of the discrete action space.
+    num_actions: size of the discrete action space; 0 for continuous actions.
+    action_shape: shape of one continuous action (`()` for discrete actions).
+    action_minimum, action_maximum: the continuous action's bounds, flat, one per
+      action dimension (finite: agents map their squashed actions onto them).
   """
   observation_shape: Tuple[int, ...]
   observation_dtype: str
   num_actions: int
+  action_shape: Tuple[int, ...] = ()
+  action_minimum: Tuple[float, ...] = ()
+  action_maximum: Tuple[float, ...] = ()
+
+  def __post_init__(self):
+    if self.action_shape:
+      size = int(np.prod(self.action_shape))
+      if self.num_actions:
+        raise ValueError(f'EnvSpec: num_actions={self.num_actions} with continuous '
+                         f'action_shape={self.action_shape}; one or the other')
+      if len(self.action_minimum) != size or len(self.action_maximum) != size:
+        raise ValueError(f'EnvSpec: action bounds must have {size} values each (action '
+                         f'shape {self.action_shape}), got {len(self.action_minimum)} and '
+                         f'{len(self.action_maximum)}')
+      low, high = np.asarray(self.action_minimum), np.asarray(self.action_maximum)
+      if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        raise ValueError(f'EnvSpec: continuous action bounds must be finite with minimum '
+                         f'< maximum, got {self.action_minimum} .. {self.action_maximum}')
+    elif self.num_actions < 1:
+      raise ValueError(f'EnvSpec: a discrete action space needs num_actions >= 1, got '
+                       f'{self.num_actions}')
 
   @property
   def dtype(self) -> np.dtype:
     return np.dtype(self.observation_dtype)
 
+  @property
+  def continuous(self) -> bool:
+    return bool(self.action_shape)
+
+  @property
+  def action_dtype(self) -> np.dtype:
+    """int32 action indices, or float32 continuous actions, as they cross the wire."""
+    return np.dtype(np.float32 if self.continuous else np.int32)
+
+  @property
+  def action_size(self) -> int:
+    """Numbers per action: 1 for a discrete action, the flat size of a continuous one."""
+    return int(np.prod(self.action_shape)) if self.continuous else 1
+
+  def describe_actions(self) -> str:
+    if self.continuous:
+      return (f'continuous actions of shape {self.action_shape} in '
+              f'[{min(self.action_minimum)}, {max(self.action_maximum)}]')
+    return f'{self.num_actions} discrete actions'
+
+  def check_actions(self, action: np.ndarray) -> None:
+    """Raises `InvalidActionError` unless `action` ([B, *action_shape]) can go to envs:
+    finite, of the right shape, inside the bounds (an index below `num_actions`)."""
+    action = np.asarray(action)
+    if action.shape[1:] != tuple(self.action_shape):
+      raise InvalidActionError(f'actions of shape {action.shape[1:]} per env; the env '
+                               f'takes {self.describe_actions()}')
+    if self.continuous:
+      if not np.isfinite(action).all():
+        bad = np.argwhere(~np.isfinite(action))[0]
+        raise InvalidActionError(f'the policy produced a non-finite action '
+                                 f'{action[tuple(bad)]} (batch row {bad[0]})')
+      low = np.reshape(self.action_minimum, self.action_shape)
+      high = np.reshape(self.action_maximum, self.action_shape)
+      outside = (action < low) | (action > high)
+      if outside.any():
+        row = int(np.argwhere(outside)[0][0])
+        raise InvalidActionError(f'the policy produced an action outside the env\'s bounds '
+                                 f'[{min(self.action_minimum)}, {max(self.action_maximum)}]:'
+                                 f' {action[row].tolist()} (batch row {row})')
+    elif action.size and (action.min() < 0 or action.max() >= self.num_actions):
+      raise InvalidActionError(f'the policy produced action indices outside [0, '
+                               f'{self.num_actions}): {sorted(set(action.tolist()))[:8]}')
+
+
+class InvalidActionError(ValueError):
+  """A policy's actions cannot go to the env (non-finite, out of bounds, wrong shape)."""
+
 
 def env_spec_of(env: dm_env.Environment) -> EnvSpec:
-  """Reads the `EnvSpec` of a dm_env environment with a discrete action space."""
+  """Reads the `EnvSpec` of a dm_env environment: a discrete action space
+  (`DiscreteArray`) or bounded continuous actions (`BoundedArray` of floats)."""
   obs_spec = env.observation_spec()
   action_spec = env.action_spec()
-  if not hasattr(action_spec, 'num_values'):
-    raise ValueError(
-        f'seedacme agents need a discrete action space; got {action_spec!r}')
-  return EnvSpec(
-      observation_shape=tuple(int(d) for d in obs_spec.shape),
-      observation_dtype=np.dtype(obs_spec.dtype).name,
-      num_actions=int(action_spec.num_values))
+  observation = dict(observation_shape=tuple(int(d) for d in obs_spec.shape),
+                     observation_dtype=np.dtype(obs_spec.dtype).name)
+  if hasattr(action_spec, 'num_values'):
+    return EnvSpec(num_actions=int(action_spec.num_values), **observation)
+  if np.issubdtype(np.dtype(action_spec.dtype), np.floating) and \
+      hasattr(action_spec, 'minimum'):
+    shape = tuple(int(d) for d in action_spec.shape)
+    low = np.broadcast_to(action_spec.minimum, shape).astype(np.float64).ravel()
+    high = np.broadcast_to(action_spec.maximum, shape).astype(np.float64).ravel()
+    return EnvSpec(num_actions=0, action_shape=shape,
+                   action_minimum=tuple(float(x) for x in low),
+                   action_maximum=tuple(float(x) for x in high), **observation)
+  raise ValueError(f'seedacme agents need a discrete action space (DiscreteArray) or '
+                   f'bounded float actions (BoundedArray); got {action_spec!r}')
 
 
 class Episodes(NamedTuple):

@@ -59,9 +59,10 @@ class BatchedEnv:
   def step(self, actions: np.ndarray) -> BatchStep:
     """Applies `actions[i]` to env i (or restarts it if its episode has ended)."""
     actions = np.asarray(actions)
-    if actions.shape != (self.num_envs,):
+    if actions.shape != (self.num_envs,) + tuple(self.spec.action_shape):
       raise ValueError(
-          f'expected {self.num_envs} actions, got an array of shape {actions.shape}')
+          f'expected actions of shape {(self.num_envs,) + tuple(self.spec.action_shape)}'
+          f' ({self.num_envs} envs), got an array of shape {actions.shape}')
     for i, env in enumerate(self._envs):
       last = self._step_type[i] == dm_env.StepType.LAST
       self._write(i, env.reset() if last else env.step(actions[i]))

@@ -8,6 +8,13 @@ import abc
 from typing import Any, Dict
 
 
+class DivergedError(FloatingPointError):
+  """The loss or its gradients became NaN or infinite: the run cannot go on (a restart
+  from the same checkpoint would diverge again), and no later checkpoint is saved, so
+  the last good one stays. Learners raise it (or return a non-finite metric, which
+  `LearnerLoop` turns into it)."""
+
+
 class Learner(abc.ABC):
   """The training side of the central node."""
 

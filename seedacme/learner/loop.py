@@ -7,13 +7,14 @@ counts steps and keeps the last metrics; whoever owns it decides when to stop
 (`should_stop(steps)`, asked before every step: the central node's budgets and finish).
 """
 
+import math
 import threading
 import time
 from typing import Callable, Dict
 
 from absl import logging
 
-from seedacme.learner.base import Learner
+from seedacme.learner.base import DivergedError, Learner
 
 
 class LearnerLoop:
@@ -43,6 +44,10 @@ class LearnerLoop:
       while not self._stop.is_set() and not self._should_stop(self.steps):
         metrics = self.learner.step()
         if metrics is not None:
+          bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+          if bad:
+            raise DivergedError(f'non-finite learner metrics at step {self.steps + 1}: '
+                                + ', '.join(f'{k}={metrics[k]}' for k in bad))
           self.steps += 1
           self.metrics = metrics
           if self._step_delay_s:

@@ -30,6 +30,7 @@ import numpy as np
 
 from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
+from seedacme.learner.base import DivergedError
 from seedacme.learner.checkpointing import Checkpointer, export_policy
 from seedacme.learner.loop import LearnerLoop
 from seedacme.nodes.report_intake import ReportIntake
@@ -197,15 +198,24 @@ class CentralNode:
           reason = self.monitor.report(loop.steps, loop.metrics)
           if reason is None and self._checkpointer is not None:
             self._checkpointer.maybe_save(self._counters())
+        if reason is None and self.server is not None and self.server.policy_error:
+          reason = StopReason(StopKind.DIVERGED, detail=self.server.policy_error)
         if reason is None and learner_ended:
-          reason = StopReason(StopKind.LEARNER_FAILED)
+          reason = self._learner_failure(loop.error)
     finally:
       if reason is None:
-        reason = StopReason(StopKind.LEARNER_FAILED if loop.error else
-                            StopKind.STOP_REQUESTED)
+        reason = self._learner_failure(loop.error) if loop.error else \
+            StopReason(StopKind.STOP_REQUESTED)
       self.finish(reason)
-    if loop.error is not None:
+    if loop.error is not None and reason.kind is not StopKind.DIVERGED:
       raise loop.error
+
+  @staticmethod
+  def _learner_failure(error: BaseException | None) -> StopReason:
+    if isinstance(error, DivergedError):
+      return StopReason(StopKind.DIVERGED, detail=str(error))
+    detail = f'{type(error).__name__}: {error}' if error is not None else None
+    return StopReason(StopKind.LEARNER_FAILED, detail=detail)
 
   def finish(self, reason: StopReason) -> Dict[str, Any]:
     """The one end of a run, whichever stop `reason` is; the summary it wrote.
@@ -213,9 +223,11 @@ class CentralNode:
     1. The learner stops (its thread ends after the step in flight) and releases its
        dataset.
     2. `summary.json` is written, once, over the run's steady window.
-    3. The last checkpoint is saved (not after a failed learner: the last good one
-       stays), and after a planned end (a target or a budget) the policy is exported.
-    4. The program stops: after a planned end with a program stopper, the launcher is
+    3. The last checkpoint is saved (not after a failed or diverged learner: the last
+       good one stays), and after a planned end (a target or a budget) the policy is
+       exported.
+    4. The program stops: after a planned end or a divergence (NaN in the loss, actions
+       no env may take) with a program stopper, the launcher is
        asked to stop every node, and this node keeps serving until its own stop signal
        arrives; then serving and learning shut down.
     A second call returns the first call's summary.
@@ -240,13 +252,13 @@ class CentralNode:
       logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
                    format_line(self.summary))
       if self._checkpointer is not None and stopped and \
-          reason.kind is not StopKind.LEARNER_FAILED:
+          reason.kind not in (StopKind.LEARNER_FAILED, StopKind.DIVERGED):
         self._checkpointer.save(self._counters())
       if self._config.export_policy and reason.is_budget:
         path = os.path.join(self._config.logdir, 'saved_model')
         export_policy(self._builder.policy_network(self._networks), self._spec, path)
         logging.info('Exported the policy to %s', path)
-      if reason.is_budget and self._stop_program is not None:
+      if reason.ends_program and self._stop_program is not None:
         logging.info('Run ended (%s): stopping the program', reason.sentence())
         self._stop_program()
         self._stop.wait(PROGRAM_STOP_WAIT_S)

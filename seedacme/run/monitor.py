@@ -34,6 +34,9 @@ class StopKind(enum.Enum):
   TARGET = 'target'  # the training average return reached the target
   EVAL_TARGET = 'eval_target'  # the greedy evaluator's average return reached it
   LEARNER_FAILED = 'learner_failed'
+  # NaN/inf in the loss, or actions no env may take: stops the program, saves no
+  # checkpoint over the last good one, and is not restarted.
+  DIVERGED = 'diverged'
   STOP_REQUESTED = 'stop_requested'  # a signal (Ctrl-C, the launcher) before any budget
 
 
@@ -43,6 +46,7 @@ class StopReason:
   kind: StopKind
   value: float | None = None
   threshold: float | None = None
+  detail: str | None = None  # what failed (DIVERGED, LEARNER_FAILED)
 
   def sentence(self) -> str:
     k, v, t = self.kind, self.value, self.threshold
@@ -55,15 +59,28 @@ class StopReason:
     if k in (StopKind.TARGET, StopKind.EVAL_TARGET):
       prefix = 'eval_' if k is StopKind.EVAL_TARGET else ''
       return f'{prefix}average return {v:.3f} >= target {t}'
-    return 'learner failed' if k is StopKind.LEARNER_FAILED else 'stop requested'
+    if k is StopKind.DIVERGED:
+      return f'diverged: {self.detail}'
+    if k is StopKind.LEARNER_FAILED:
+      return f'learner failed: {self.detail}' if self.detail else 'learner failed'
+    return 'stop requested'
 
   def to_json(self) -> Dict[str, Any]:
-    return {'kind': self.kind.value, 'value': self.value, 'threshold': self.threshold}
+    out = {'kind': self.kind.value, 'value': self.value, 'threshold': self.threshold}
+    if self.detail is not None:
+      out['detail'] = self.detail
+    return out
 
   @property
   def is_budget(self) -> bool:
     """A budget or target was reached (the run ended as planned)."""
-    return self.kind not in (StopKind.LEARNER_FAILED, StopKind.STOP_REQUESTED)
+    return self.kind not in (StopKind.LEARNER_FAILED, StopKind.STOP_REQUESTED,
+                             StopKind.DIVERGED)
+
+  @property
+  def ends_program(self) -> bool:
+    """The whole program should stop (a planned end, or a run that cannot go on)."""
+    return self.is_budget or self.kind is StopKind.DIVERGED
 
 
 class ServingStats(Protocol):

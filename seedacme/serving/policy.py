@@ -18,7 +18,7 @@ from seedacme.types import Nest
 
 class PolicyStep(NamedTuple):
   """What a policy returns for a batch of B envs."""
-  action: np.ndarray  # int32 [B]
+  action: np.ndarray  # [B, *action_shape]: int32 indices or float32 continuous actions
   extras: Dict[str, np.ndarray]  # per-env data stored with the step (e.g. logits [B, A])
   state: Nest  # the recurrent state each env acted FROM (after any reset), leaves
   # [B, ...]; () for feed-forward policies. Trajectories store it as an initial state.

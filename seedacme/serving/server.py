@@ -14,6 +14,8 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
    given (the central node's `ActingLog`; none for an actor's own inference, whose
    actor counts its envs itself);
 6. returns each caller its slice of the actions.
+Actions no env may take (`InvalidActionError`) fail the run, not a caller: every caller
+gets `shutting_down` from then on, and `policy_error` becomes the run's stop reason.
 """
 
 from typing import Any, Dict, List, Sequence, Tuple
@@ -26,7 +28,7 @@ from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime.lifecycle import ShutdownError
 from seedacme.serving import batcher as batcher_lib
 from seedacme.serving.policy import ServerPolicy
-from seedacme.types import FIRST, LAST, EnvSpec, Episodes, Mode
+from seedacme.types import FIRST, LAST, EnvSpec, Episodes, InvalidActionError, Mode
 from seedacme.wire import protocol
 
 
@@ -68,8 +70,8 @@ class InferenceServer:
     self._run_ids = np.full(num_envs, -1, np.int64)
     self.acting = acting
     self._episodes = EpisodeTracker(num_envs) if acting is not None else None
-    self.actor_restarts = 0
-    self.requests_refused = 0
+    self.actor_restarts = self.requests_refused = 0
+    self.policy_error: str | None = None  # set once the policy's actions were refused
     self._batch_timeout_s = batch_timeout_s
     self._batcher = batcher_lib.RequestBatcher(
         self._process, max_batch_size=max_batch_envs or num_envs,
@@ -174,25 +176,25 @@ class InferenceServer:
       accepted.append(i)
     if not accepted:
       return results
+    if self.policy_error is not None:
+      return self._refuse_all(results, accepted)
 
     batch = [requests[i] for i in accepted]
-    if len(batch) == 1:
-      r = batch[0]
-      env_ids, run_ids, step_type, reward, discount, observation = (
-          r.env_ids, r.run_ids, r.step_type, r.reward, r.discount, r.observation)
-      eval_mask = r.evaluating()
-    else:
-      env_ids = np.concatenate([r.env_ids for r in batch])
-      run_ids = np.concatenate([r.run_ids for r in batch])
-      step_type = np.concatenate([r.step_type for r in batch])
-      reward = np.concatenate([r.reward for r in batch])
-      discount = np.concatenate([r.discount for r in batch])
-      observation = np.concatenate([r.observation for r in batch])
-      eval_mask = np.concatenate([r.evaluating() for r in batch])
+    def joined(field):  # one request's arrays as they are; several concatenated
+      parts = [r.evaluating() if field == 'eval_mask' else getattr(r, field) for r in batch]
+      return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    env_ids, run_ids, step_type, reward, discount, observation, eval_mask = (
+        joined(f) for f in ('env_ids', 'run_ids', 'step_type', 'reward', 'discount',
+                            'observation', 'eval_mask'))
     restarted = self._note_restarts(env_ids, run_ids)
 
-    out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted,
-                            eval_mask)
+    try:
+      out = self._policy.step(env_ids, observation, (step_type == FIRST) | restarted,
+                              eval_mask)
+    except InvalidActionError as e:
+      logging.error('The policy produced actions no env may take; serving stops: %s', e)
+      self.policy_error = self.policy_error or str(e)
+      return self._refuse_all(results, accepted)
     action = out.action
 
     train = ~eval_mask
@@ -212,6 +214,11 @@ class InferenceServer:
     for i, r in zip(accepted, batch):
       results[i] = {'action': action[offset:offset + r.size]}
       offset += r.size
+    return results
+
+  def _refuse_all(self, results: List[Any], accepted: Sequence[int]) -> List[Any]:
+    for i in accepted:
+      results[i] = {'shutting_down': f'the policy failed: {self.policy_error}'}
     return results
 
   def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:

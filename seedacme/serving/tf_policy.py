@@ -111,7 +111,8 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
   @abc.abstractmethod
   def _act(self, observation: tf.Tensor, state: Nest, eval_mask: tf.Tensor,
            env_ids: tf.Tensor) -> Tuple[tf.Tensor, Dict[str, tf.Tensor], Nest]:
-    """In-graph: `(action int32 [B], extras {name: [B, ...]}, next_state)`."""
+    """In-graph: `(action [B, *action_shape], extras {name: [B, ...]}, next_state)`;
+    actions are int32 indices or, for continuous actions, the env's (bounded) values."""
 
   def _batch_step_graph(self, env_ids, observation, reset, eval_mask):
     self.traces += 1
@@ -125,7 +126,7 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
       for var, new in zip(tree.flatten(self._table), tree.flatten(next_state)):
         var.scatter_nd_update(env_ids[:, None], tf.cast(new, var.dtype))
     self._extras_keys = tuple(sorted(extras))
-    return (tf.cast(action, tf.int32),) + tuple(extras[k] for k in self._extras_keys) + \
+    return (tf.cast(action, tf.as_dtype(self._spec.action_dtype)),) + tuple(extras[k] for k in self._extras_keys) + \
         tuple(tree.flatten(state))
 
   def _call_for(self, bucket: int) -> Callable[..., List[tf.Tensor]]:
@@ -171,6 +172,9 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
       eval_mask = np.concatenate([eval_mask, np.ones(pad, bool)])
     outputs = self._call_for(bucket)(ids, observation, reset, eval_mask)
     outputs = [o.numpy()[:size] for o in outputs]
+    # No action reaches an env unchecked: a diverged network's NaN, or an action head
+    # that leaves the bounds, stops the run with this error (InferenceServer).
+    self._spec.check_actions(outputs[0])
     n_extras = len(self._extras_keys)
     state = tree.unflatten_as(self._initial, outputs[1 + n_extras:]) \
         if self._state_leaves else ()

@@ -44,11 +44,12 @@ def batch_specs(item_signature: Any, batch_size: int) -> Any:
 
 
 def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms: int,
-                    prefetch: int, with_info: bool):
+                    prefetch: int, with_info: bool, max_in_flight: int | None):
   """A tf.data iterator of batches from `table` (see `ReverbBatches.__init__`)."""
+  extra = {} if max_in_flight is None else {'num_workers_per_iterator': 1}
   dataset = reverb.TrajectoryDataset.from_table_signature(
       server_address=server_address, table=table,
-      max_in_flight_samples_per_worker=2 * batch_size,
+      max_in_flight_samples_per_worker=max_in_flight or 2 * batch_size, **extra,
       rate_limiter_timeout_ms=timeout_ms,
       # Without a timeout this blocks while the server is down (a replay restart).
       get_signature_timeout_secs=max(1, timeout_ms // 1000))
@@ -57,7 +58,7 @@ def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms
   else:
     dataset = dataset.map(lambda sample: sample.data)
   dataset = dataset.batch(batch_size, drop_remainder=False)
-  return iter(dataset.prefetch(prefetch))
+  return iter(dataset.prefetch(prefetch) if prefetch else dataset)
 
 
 class _SamplingThread:
@@ -119,7 +120,8 @@ class ReverbBatches:
   """Iterates `[batch_size, ...]` batches of whole items from one Reverb table."""
 
   def __init__(self, server_address: str, table: str, batch_size: int,
-               timeout_ms: int = 1000, prefetch: int = 1, with_info: bool = False):
+               timeout_ms: int = 1000, prefetch: int = 1, with_info: bool = False,
+               max_in_flight: int | None = None):
     """Creates the iterator (lazily: the first `next` connects).
 
     Args:
@@ -130,6 +132,9 @@ class ReverbBatches:
       prefetch: batches prefetched by tf.data.
       with_info: yield `(info, data)` (keys, probabilities, table sizes: what
         prioritized replay needs) instead of `data`.
+      max_in_flight: samples one worker takes off the server ahead of use (default
+        2 * batch_size, over Reverb's default workers); set, one worker takes that many.
+        From a queue, every sample taken ahead is policy lag: PPO keeps it to a batch.
     """
     self._server_address = server_address
     self._table = table
@@ -137,6 +142,7 @@ class ReverbBatches:
     self._timeout_ms = timeout_ms
     self._prefetch = prefetch
     self._with_info = with_info
+    self._max_in_flight = max_in_flight
     self._sampler: _SamplingThread | None = None  # made by the first `next`
     self._client = None  # asks the server whether it answers, when no batch comes
     self._down_since: float | None = None  # when the server stopped answering
@@ -161,7 +167,7 @@ class ReverbBatches:
       self._sampler = _SamplingThread(
           functools.partial(_batch_iterator, self._server_address, self._table,
                             self._batch_size, self._timeout_ms, self._prefetch,
-                            self._with_info),
+                            self._with_info, self._max_in_flight),
           name=f'reverb-batches-{self._table}')
     self._sampler.request()
     outcome = self._sampler.result(self._timeout_ms / 1e3)

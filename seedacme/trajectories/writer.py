@@ -141,7 +141,9 @@ class ReverbSequenceWriter:
             items = [self._queue.get(timeout=0.1)]
           except queue.Empty:
             continue
-        while len(items) < 32:
+        # At most 32 items per flush, and no more than the queue's bound: a writer asked
+        # to hold little (PPO's on-policy queue) must not hold a flush's worth more.
+        while len(items) < min(32, self._queue.maxsize):
           try:
             items.append(self._queue.get_nowait())
           except queue.Empty:

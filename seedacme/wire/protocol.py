@@ -18,7 +18,8 @@ own, and on this machine each costs tens of microseconds on both sides. Measured
 Courier echo of a K=16 Catch request, one client, same process (tmp microbenchmark):
 seven fields 612-626 us per round trip, these three arrays and the mode 461 us.
 
-The reply is `{'action': int32 [K]}`, or `{'shutting_down': reason}` while the server
+The reply is `{'action': [K, *action_shape]}` (int32 indices, or float32 continuous
+actions), or `{'shutting_down': reason}` while the server
 stops (the actor waits and sends the same request again). `validate_request` turns
 anything else into an `InvalidRequestError` whose message names the field (the logical
 one: `env_ids`, `reward`, ...) and what was wrong; the server sends it back to that

@@ -5,7 +5,7 @@ here (docs/benchmarks.md), while a round trip through shared memory with a one-b
 wake-up each way costs ~6 us per side (`bench/wakeup.py`). So when an actor runs on
 the central node's host, its requests skip Courier: the central node gives it a
 `Segment` -- the three arrays of a request (`seedacme.wire.protocol`), its mode, and the
-reply's actions or refusal, as numpy views of one shared mapping -- and one Unix stream
+reply's actions (int32 indices or float32 vectors) or refusal, as numpy views of one shared mapping -- and one Unix stream
 socket per actor carries the wake-ups (one byte each way per request).
 
 Why these kernel objects (measured in `bench/wakeup.py`; docs/benchmarks.md):
@@ -75,13 +75,16 @@ class Layout:
   observation_shape: Tuple[int, ...]
   observation_dtype: str
   generation: int
+  action_shape: Tuple[int, ...] = ()  # () for a discrete action (one int32 per env)
+  action_dtype: str = 'int32'
 
   def offsets(self) -> Dict[str, int]:
     k = self.capacity
     obs_bytes = int(np.prod(self.observation_shape, dtype=np.int64)) * k * \
         np.dtype(self.observation_dtype).itemsize
     sizes = (('header', 8 * _HEADER_FIELDS), ('ids', 8 * 2 * k), ('transition', 4 * 3 * k),
-             ('observation', obs_bytes), ('action', 4 * k), ('message', MESSAGE_BYTES))
+             ('observation', obs_bytes), ('action', self.action_bytes() * k),
+             ('message', MESSAGE_BYTES))
     offsets, at = {}, 0
     for name, size in sizes:
       offsets[name] = at
@@ -89,16 +92,25 @@ class Layout:
     offsets['size'] = at
     return offsets
 
+  def action_bytes(self) -> int:
+    """Bytes of one env's action."""
+    return int(np.prod(self.action_shape, dtype=np.int64)) * \
+        np.dtype(self.action_dtype).itemsize
+
   def to_json(self) -> bytes:
     return json.dumps({'capacity': self.capacity,
                        'observation_shape': list(self.observation_shape),
                        'observation_dtype': self.observation_dtype,
-                       'generation': self.generation}).encode()
+                       'generation': self.generation,
+                       'action_shape': list(self.action_shape),
+                       'action_dtype': self.action_dtype}).encode()
 
   @classmethod
   def from_json(cls, data: Dict[str, Any]) -> 'Layout':
     return cls(int(data['capacity']), tuple(int(d) for d in data['observation_shape']),
-               str(data['observation_dtype']), int(data['generation']))
+               str(data['observation_dtype']), int(data['generation']),
+               tuple(int(d) for d in data.get('action_shape', ())),
+               str(data.get('action_dtype', 'int32')))
 
 
 class Segment:
@@ -122,13 +134,14 @@ class Segment:
     self.observation = np.ndarray((k,) + tuple(layout.observation_shape),
                                   np.dtype(layout.observation_dtype), buf,
                                   offsets['observation'])
-    self.action = np.ndarray((k,), np.int32, buf, offsets['action'])
+    self.action = np.ndarray((k,) + tuple(layout.action_shape),
+                             np.dtype(layout.action_dtype), buf, offsets['action'])
     self.message = np.ndarray((MESSAGE_BYTES,), np.uint8, buf, offsets['message'])
 
   @classmethod
   def create(cls, spec: EnvSpec, capacity: int, generation: int) -> 'Segment':
     layout = Layout(capacity, tuple(spec.observation_shape), spec.observation_dtype,
-                    generation)
+                    generation, tuple(spec.action_shape), spec.action_dtype.name)
     fd = os.memfd_create('seedacme-actor-segment', os.MFD_CLOEXEC)
     os.ftruncate(fd, layout.offsets()['size'])
     segment = cls(layout, fd)

@@ -136,6 +136,7 @@ CORE_RANKS = {
     'config': 1, 'wire': 1,
     'run': 2,
     'serving': 3, 'trajectories': 3, 'learner': 3, 'networks': 3,
+    'distributions': 3, 'normalization': 3,
     'builder': 4,
     'actor': 5,
     'nodes': 6,

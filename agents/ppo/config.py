@@ -1,0 +1,106 @@
+"""Hyperparameters of the PPO agent (one dataclass; flags live in launchers).
+
+Defaults are CleanRL's / "What Matters in On-Policy RL" (Andrychowicz et al., 2020)
+choices where they apply to a SEED queue: clip 0.2, GAE lambda 0.95, Adam with epsilon
+1e-5, global gradient norm 0.5, advantages normalized per minibatch, separate tanh MLPs
+for policy and value on vector observations. Per-env settings live in the registry.
+"""
+
+import dataclasses
+from typing import Tuple
+
+CORES = ('feedforward', 'lstm')
+ADVANTAGE_ESTIMATORS = ('gae', 'vtrace')
+SQUASHES = ('tanh', 'clip')
+
+
+@dataclasses.dataclass
+class PPOConfig:
+  """PPO settings.
+
+  Attributes:
+    unroll_length: T, transitions per unroll (unrolls hold T + 1 steps: bootstrap).
+    batch_size: unrolls per learner step (one batch off the queue).
+    epochs: passes over each learner batch.
+    num_minibatches: minibatches per epoch; `batch_size` must divide by it. Feed-forward
+      cores shuffle transitions, LSTM cores whole unrolls (their state runs through).
+    queue_size: Reverb queue capacity in unrolls; a full queue blocks inference, which
+      bounds the policy lag to about `queue_size / batch_size` learner steps.
+    core: 'feedforward' or 'lstm' (torso -> LSTM -> heads, shared).
+    torso: 'mlp', 'nature_cnn', 'impala_resnet' or 'football' (seedacme.networks).
+    hidden_sizes, activation: the MLP torso ('tanh' or 'relu').
+    shared_torso: one torso for policy and value; False gives each its own MLP (the
+      default for vector observations; frames always share the CNN).
+    lstm_size: LSTM core size.
+    squash: continuous actions: 'tanh' (squashed Normal) or 'clip' (Normal, clipped
+      into the bounds: CleanRL's PPO); discrete actions ignore it.
+    init_log_std: initial state-independent log standard deviation.
+    learning_rate, adam_epsilon, max_gradient_norm: Adam and global-norm clipping.
+    learning_rate_decay_steps: anneal the learning rate linearly to 0 over this many
+      learner steps (0: constant).
+    discount, gae_lambda: gamma and lambda.
+    advantage_estimator: 'gae', or 'vtrace' (V-trace-corrected, for stale unrolls).
+    recompute_advantages: recompute advantages with the current network each epoch.
+    normalize_advantages: per minibatch, over its real transitions.
+    clip_epsilon: the surrogate's clip; value_clip: PPO2's value clip (None: off).
+    baseline_cost, entropy_cost: weights of the value loss and the entropy bonus.
+    normalize_observations: running mean/std of observations (checkpointed with the
+      network; inference and learner read the same statistics), clipped to
+      +-observation_clip.
+    normalize_rewards: divide rewards by the running std of discounted returns
+      (CleanRL's NormalizeReward), clipped to +-reward_norm_clip.
+    reward_clip, reward_scale: clip rewards (Atari: 1), then scale.
+  """
+  unroll_length: int = 64
+  batch_size: int = 16
+  epochs: int = 4
+  num_minibatches: int = 4
+  queue_size: int = 16
+  core: str = 'feedforward'
+  torso: str = 'mlp'
+  hidden_sizes: Tuple[int, ...] = (64, 64)
+  activation: str = 'tanh'
+  shared_torso: bool = False
+  lstm_size: int = 128
+  squash: str = 'clip'
+  init_log_std: float = 0.0
+  learning_rate: float = 3e-4
+  adam_epsilon: float = 1e-5
+  max_gradient_norm: float | None = 0.5
+  learning_rate_decay_steps: int = 0
+  discount: float = 0.99
+  gae_lambda: float = 0.95
+  advantage_estimator: str = 'gae'
+  recompute_advantages: bool = False
+  normalize_advantages: bool = True
+  clip_epsilon: float = 0.2
+  value_clip: float | None = None
+  baseline_cost: float = 0.5
+  entropy_cost: float = 0.0
+  normalize_observations: bool = False
+  observation_clip: float = 10.0
+  normalize_rewards: bool = False
+  reward_norm_clip: float = 10.0
+  reward_clip: float | None = None
+  reward_scale: float = 1.0
+  seed: int = 0
+
+  def __post_init__(self):
+    checks = ((self.core in CORES, f'core={self.core!r}: choose one of {CORES}'),
+              (self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+               f'advantage_estimator={self.advantage_estimator!r}: choose one of '
+               f'{ADVANTAGE_ESTIMATORS}'),
+              (self.squash in SQUASHES, f'squash={self.squash!r}: choose one of {SQUASHES}'),
+              (self.activation in ('tanh', 'relu'),
+               f"activation={self.activation!r}: choose 'tanh' or 'relu'"),
+              (self.epochs >= 1 and self.num_minibatches >= 1,
+               f'epochs={self.epochs} and num_minibatches={self.num_minibatches} must '
+               'be >= 1'),
+              (self.batch_size % self.num_minibatches == 0,
+               f'batch_size={self.batch_size} must divide by num_minibatches='
+               f'{self.num_minibatches} (every unroll is used exactly `epochs` times)'),
+              (self.queue_size >= self.batch_size,
+               f'queue_size={self.queue_size} must hold a batch of {self.batch_size}'))
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(f'PPOConfig: {message}')

@@ -1,0 +1,253 @@
+"""The PPO learner step: one batch off the queue, `epochs` passes of shuffled minibatches.
+
+Per learner step (SEED RL's policy-gradient agent, on our queue and loop):
+
+1. take `batch_size` unrolls off the Reverb queue; add their observations to the
+   running normalizer (inference reads the same variables, so both sides normalize
+   alike), and scale rewards by the running std of discounted returns if asked;
+2. compute advantages and value targets with the network as it is (GAE, or V-trace's
+   off-policy correction for stale unrolls), once or again every epoch;
+3. `epochs` times, shuffle and split into `num_minibatches` minibatches -- of
+   transitions for a feed-forward core, of whole unrolls for an LSTM (its state must
+   run through the unroll) -- and take one clipped-surrogate Adam step on each;
+4. set the network's `version` to the new learner step; the policy stamps it on every
+   served step, so the policy lag (`policy_lag`, `policy_lag_max`) is measured.
+
+Gradients are computed and applied by two compiled functions: a minibatch whose loss or
+gradients are not finite is never applied (the variables stay good) and the step
+raises `DivergedError`, which stops the run with the last good checkpoint kept.
+"""
+
+from typing import Any, Dict, List
+
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+import tree
+
+from seedacme.agents.ppo import losses
+from seedacme.agents.ppo.config import PPOConfig
+from seedacme.learner.base import DivergedError, Learner
+from seedacme.normalization import RunningNormalizer
+from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
+from seedacme.types import FIRST, LAST
+
+_BATCH_FIELDS = ('observation', 'first', 'raw_action', 'behaviour_log_prob',
+                 'behaviour_value', 'advantages', 'returns', 'mask')
+
+
+def minibatch_plan(num_items: int, epochs: int, num_minibatches: int,
+                   rng: np.random.Generator) -> List[np.ndarray]:
+  """`epochs * num_minibatches` index arrays: each epoch a fresh permutation of
+  `range(num_items)` split into equal parts, so every item is used exactly `epochs`
+  times per learner step."""
+  if num_items % num_minibatches:
+    raise ValueError(f'{num_items} items do not split into {num_minibatches} minibatches')
+  return [part.astype(np.int32) for _ in range(epochs)
+          for part in np.split(rng.permutation(num_items), num_minibatches)]
+
+
+def _flat2(x: tf.Tensor) -> tf.Tensor:
+  """`[T, B, ...]` -> `[T * B, ...]`."""
+  return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
+
+
+class PPOLearner(Learner):
+  """Clipped-surrogate PPO on unrolls from the queue; shares `network` with inference."""
+
+  def __init__(self, network: snt.Module, config: PPOConfig,
+               batches: ReverbBatches | None,
+               item_signature: Dict[str, tf.TensorSpec] | None = None):
+    self._network = network
+    self._config = config
+    self._batches = batches
+    self._item_signature = item_signature
+    self._recurrent = config.core == 'lstm'
+    self._learning_rate = tf.Variable(config.learning_rate, trainable=False,
+                                      dtype=tf.float32)
+    self._optimizer = snt.optimizers.Adam(self._learning_rate, epsilon=config.adam_epsilon)
+    self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._reward_stats = RunningNormalizer((), clip=None) if config.normalize_rewards \
+        else None
+    self._rng = np.random.default_rng(config.seed)
+    self._prepare_fn = tf.function(self._prepare, experimental_relax_shapes=True)
+    self._advantages_fn = tf.function(self._advantages, experimental_relax_shapes=True)
+    self._grads_fn = tf.function(self._grads, experimental_relax_shapes=True)
+    self._apply_fn = tf.function(self._apply)
+    self.last_unroll_uses: np.ndarray | None = None  # per unroll, epochs it trained on
+
+  @property
+  def optimizer(self) -> snt.Optimizer:
+    return self._optimizer
+
+  def checkpoint_state(self) -> Dict[str, Any]:
+    state = {'network': self._network, 'optimizer': self._optimizer,
+             'num_steps': self.num_steps}
+    if self._reward_stats is not None:
+      state['reward_stats'] = self._reward_stats
+    return state
+
+  # ---- in-graph parts --------------------------------------------------------------
+  def _scaled_rewards(self, rewards, first, mask):
+    """Rewards divided by the running std of discounted returns (summed within each
+    unroll from its start or its episode's start), clipped."""
+    def accumulate(g, x):
+      r, restart, m = x
+      return m * (r + self._config.discount * g * (1.0 - restart))
+    returns = tf.scan(accumulate, (rewards, tf.cast(first, tf.float32), mask),
+                      initializer=tf.zeros_like(rewards[0]))
+    self._reward_stats.update(tf.reshape(returns, [-1]), tf.reshape(mask > 0, [-1]))
+    std = tf.cast(tf.sqrt(self._reward_stats.var + 1e-8), tf.float32)
+    clip = self._config.reward_norm_clip
+    return tf.clip_by_value(rewards / std, -clip, clip)
+
+  def _prepare(self, batch):
+    """The batch time-major, normalizer updated, rewards and discounts as the losses
+    want them (transition t: x_t -> x_{t+1}; masked where x_t is LAST)."""
+    c = self._config
+    observation = time_major(batch['observation'])
+    step_type = time_major(batch['step_type'])
+    first = tf.equal(step_type, FIRST)
+    mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
+    self._network.update_normalizer(_flat2(observation[:-1]))
+    rewards = tf.cast(time_major(batch['reward']), tf.float32)[1:]
+    if c.reward_clip is not None:
+      rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
+    rewards = rewards * c.reward_scale
+    if self._reward_stats is not None:
+      rewards = self._scaled_rewards(rewards, first[:-1], mask)
+    extras = {k: time_major(batch[k]) for k in ('raw_action', 'log_prob', 'value',
+                                                'policy_version')}
+    return {'observation': observation, 'first': first, 'mask': mask,
+            'rewards': rewards,
+            'discounts': c.discount * tf.cast(time_major(batch['discount']), tf.float32)[1:],
+            'raw_action': extras['raw_action'], 'behaviour_log_prob': extras['log_prob'],
+            'behaviour_value': extras['value'], 'policy_version': extras['policy_version'],
+            'initial_state': batch.get('initial_state', ())}
+
+  def _advantages(self, data):
+    """Advantages and value targets `[T, B]` with the network's current weights."""
+    c = self._config
+    params, values = self._network.unroll(data['observation'], data['first'],
+                                          data['initial_state'])
+    if c.advantage_estimator == 'gae':
+      out = losses.gae(data['rewards'], data['discounts'], values[:-1], values[-1],
+                       data['mask'], c.gae_lambda)
+    else:
+      t = tf.shape(values)[0] - 1
+      params_t = tree.map_structure(lambda p: _flat2(p[:-1]), params)
+      target = tf.reshape(self._network.head.log_prob(
+          params_t, _flat2(data['raw_action'][:-1])), [t, -1])
+      out = losses.vtrace_advantages(target, data['behaviour_log_prob'][:-1],
+                                     data['rewards'], data['discounts'], values[:-1],
+                                     values[-1], data['mask'], c.gae_lambda)
+    return out.advantages, out.returns
+
+  def _minibatch(self, data, indices):
+    """The minibatch `indices` selects: transitions of `[T*B]` for a feed-forward core
+    (as `[1, n]`), whole unrolls (`[T, n]`, with their initial states) for an LSTM."""
+    if self._recurrent:
+      mb = {k: tf.gather(data[k], indices, axis=1) for k in _BATCH_FIELDS}
+      mb['initial_state'] = tree.map_structure(lambda s: tf.gather(s, indices),
+                                               data['initial_state'])
+      return mb
+    mb = {k: tf.gather(_flat2(data[k]), indices)[None] for k in _BATCH_FIELDS}
+    mb['initial_state'] = ()
+    return mb
+
+  def _grads(self, data, indices):
+    c = self._config
+    mb = self._minibatch(data, indices)
+    head = self._network.head
+    variables = self._network.trainable_variables
+    with tf.GradientTape() as tape:
+      params, values = self._network.unroll(mb['observation'], mb['first'],
+                                            mb['initial_state'])
+      shape = tf.shape(values)
+      flat_params = tree.map_structure(_flat2, params)
+      log_probs = tf.reshape(head.log_prob(flat_params, _flat2(mb['raw_action'])), shape)
+      entropy = tf.reshape(head.entropy(flat_params), shape)
+      advantages = mb['advantages']
+      if c.normalize_advantages:
+        advantages = losses.normalize_advantages(advantages, mb['mask'])
+      loss, metrics = losses.ppo_loss(
+          log_probs, mb['behaviour_log_prob'], advantages, values, mb['behaviour_value'],
+          mb['returns'], entropy, mb['mask'], clip_epsilon=c.clip_epsilon,
+          value_clip=c.value_clip, baseline_cost=c.baseline_cost,
+          entropy_cost=c.entropy_cost)
+    grads = tape.gradient(loss, variables)
+    if c.max_gradient_norm:
+      grads, norm = tf.clip_by_global_norm(grads, c.max_gradient_norm)
+    else:
+      norm = tf.linalg.global_norm(grads)
+    metrics['grad_norm'] = norm
+    return grads, metrics
+
+  def _apply(self, grads):
+    self._optimizer.apply(grads, self._network.trainable_variables)
+
+  # ---- the step --------------------------------------------------------------------
+  def _training_data(self, prepared, advantages, returns):
+    """What minibatches select from: the T transitions of every unroll."""
+    data = {'observation': prepared['observation'][:-1], 'first': prepared['first'][:-1],
+            'raw_action': prepared['raw_action'][:-1],
+            'behaviour_log_prob': prepared['behaviour_log_prob'][:-1],
+            'behaviour_value': prepared['behaviour_value'][:-1],
+            'advantages': advantages, 'returns': returns, 'mask': prepared['mask'],
+            'initial_state': prepared['initial_state']}
+    return data
+
+  def warm_up(self) -> bool:
+    if self._item_signature is None:
+      return False
+    specs = batch_specs(self._item_signature, self._config.batch_size)
+    self._prepare_fn.get_concrete_function(specs)
+    return True
+
+  def train_on(self, batch) -> Dict[str, float]:
+    """One learner step on a given batch (used by `step` and by tests)."""
+    c = self._config
+    if c.learning_rate_decay_steps:
+      done = min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
+      self._learning_rate.assign(c.learning_rate * (1.0 - done))
+    prepared = self._prepare_fn(batch)
+    num_unrolls = int(prepared['mask'].shape[1])
+    unroll_length = int(prepared['mask'].shape[0])
+    items = num_unrolls if self._recurrent else num_unrolls * unroll_length
+    plan = minibatch_plan(items, c.epochs, c.num_minibatches, self._rng)
+    uses = np.zeros(num_unrolls)
+    sums: Dict[str, float] = {}
+    data = None
+    for i, indices in enumerate(plan):
+      if data is None or (c.recompute_advantages and i % c.num_minibatches == 0):
+        data = self._training_data(prepared, *self._advantages_fn(prepared))
+      grads, metrics = self._grads_fn(data, tf.constant(indices))
+      metrics = {k: float(v.numpy()) for k, v in metrics.items()}
+      if not all(np.isfinite(v) for v in metrics.values()):
+        raise DivergedError(f'non-finite PPO loss at learner step '
+                            f'{int(self.num_steps.numpy()) + 1}, minibatch {i}: '
+                            + ', '.join(f'{k}={v:.4g}' for k, v in sorted(metrics.items())))
+      self._apply_fn(grads)
+      for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + v
+      unroll_of = indices if self._recurrent else indices % num_unrolls
+      np.add.at(uses, unroll_of, 1.0 if self._recurrent else 1.0 / unroll_length)
+    self.last_unroll_uses = uses
+    self.num_steps.assign_add(1)
+    self._network.version.assign(tf.cast(self.num_steps, tf.int32))
+    out = {k: v / len(plan) for k, v in sums.items()}
+    versions = prepared['policy_version'].numpy()
+    lag = int(self.num_steps.numpy()) - 1 - versions
+    out.update(policy_lag=float(lag.mean()), policy_lag_max=float(lag.max()),
+               learning_rate=float(self._learning_rate.numpy()))
+    return out
+
+  def step(self) -> Dict[str, float] | None:
+    batch = self._batches.next()
+    if batch is None:
+      return None
+    return self.train_on(batch)
+
+  def close(self) -> None:
+    if self._batches is not None:
+      self._batches.close()

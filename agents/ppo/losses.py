@@ -1,0 +1,163 @@
+"""PPO (Schulman et al., 2017) as pure functions over time-major tensors.
+
+Shapes and conventions are V-trace's (`agents/vtrace/losses.py`): T transitions, B
+unrolls; `rewards[t]`, `discounts[t]` (gamma times the env discount) belong to the
+transition x_t -> x_{t+1}; `values[t] = V(x_t)`; `bootstrap_value = V(x_T)`.
+
+`mask[t] = 0` marks a transition that does not exist (x_t is an episode's LAST step,
+x_{t+1} the next episode's FIRST). It has no TD error and zero advantage, cuts the
+trace, and is left out of every loss term and every mean. A time-limit truncation keeps
+discount gamma on the step into LAST, so the LAST observation's value is bootstrapped.
+
+Advantage estimation is split from the loss because SEED's unrolls can be stale: the
+learner picks GAE for on-policy data or V-trace-corrected advantages for lagging actors,
+then runs the same clipped surrogate over minibatches of either.
+"""
+
+from typing import Dict, NamedTuple, Tuple
+
+import tensorflow as tf
+
+
+class GaeReturns(NamedTuple):
+  advantages: tf.Tensor  # [T, B] policy-gradient advantages, 0 at masked transitions
+  returns: tf.Tensor  # [T, B] value targets
+
+
+def _next_values(values: tf.Tensor, bootstrap_value: tf.Tensor) -> tf.Tensor:
+  """V(x_{t+1}) for t = 0 .. T-1: `values` shifted by one, then `bootstrap_value`."""
+  return tf.concat([values[1:], bootstrap_value[None]], axis=0)
+
+
+def _constant(x, dtype: tf.DType) -> tf.Tensor:
+  """`x` (a Python number or a tensor) in `dtype`, without a float32 detour for floats."""
+  return tf.cast(tf.convert_to_tensor(x, dtype_hint=dtype), dtype)
+
+
+def _backward_sum(deltas: tf.Tensor, coefficients: tf.Tensor) -> tf.Tensor:
+  """acc_t = deltas_t + coefficients_t * acc_{t+1}, acc_T = 0, by a reverse scan."""
+  return tf.scan(lambda acc, x: x[0] + x[1] * acc, (deltas, coefficients),
+                 initializer=tf.zeros_like(deltas[0]), reverse=True)
+
+
+def gae(rewards: tf.Tensor, discounts: tf.Tensor, values: tf.Tensor,
+        bootstrap_value: tf.Tensor, mask: tf.Tensor, lambda_: float) -> GaeReturns:
+  """Generalised advantage estimation (Schulman et al., 2016).
+
+      delta_t = r_t + discounts_t V(x_{t+1}) - V(x_t)
+      A_t = mask_t (delta_t + discounts_t lambda A_{t+1}),  A_T = 0
+      returns_t = A_t + V(x_t)
+
+  All inputs `[T, B]` except `bootstrap_value` `[B]`. Returns stop-gradient targets.
+  """
+  mask = tf.cast(mask, values.dtype)
+  deltas = mask * (rewards + discounts * _next_values(values, bootstrap_value) - values)
+  advantages = _backward_sum(deltas, mask * discounts * _constant(lambda_, values.dtype))
+  return GaeReturns(tf.stop_gradient(advantages), tf.stop_gradient(advantages + values))
+
+
+def vtrace_advantages(target_log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor,
+                      rewards: tf.Tensor, discounts: tf.Tensor, values: tf.Tensor,
+                      bootstrap_value: tf.Tensor, mask: tf.Tensor, lambda_: float = 1.0,
+                      clip_rho_threshold: float = 1.0,
+                      clip_c_threshold: float = 1.0) -> GaeReturns:
+  """V-trace-corrected advantages for stale unrolls (IMPALA, Remark 1, with lambda).
+
+      vs_t - V(x_t) = rho_t delta_t + discounts_t c_t (vs_{t+1} - V(x_{t+1}))
+      rho_t = min(rho_bar, pi/mu), c_t = lambda min(c_bar, pi/mu)
+      A_t = rho_t (r_t + discounts_t vs_{t+1} - V(x_t)),  returns_t = vs_t
+
+  Same recursion as `seedacme.agents.vtrace.losses.vtrace_returns` (equal at
+  lambda_ = 1), which has no lambda, so it is written here over GAE's backward sum. On
+  policy it reduces to GAE(lambda)'s returns. Returns stop-gradient targets.
+  """
+  mask = tf.cast(mask, values.dtype)
+  discounts = mask * discounts
+  rhos = tf.exp(target_log_probs - behaviour_log_probs)
+  clipped_rhos = tf.minimum(_constant(clip_rho_threshold, rhos.dtype), rhos)
+  cs = _constant(lambda_, rhos.dtype) * tf.minimum(_constant(clip_c_threshold, rhos.dtype),
+                                                   rhos)
+  deltas = mask * clipped_rhos * (
+      rewards + discounts * _next_values(values, bootstrap_value) - values)
+  vs = values + _backward_sum(deltas, discounts * cs)
+  advantages = mask * clipped_rhos * (
+      rewards + discounts * _next_values(vs, bootstrap_value) - values)
+  return GaeReturns(tf.stop_gradient(advantages), tf.stop_gradient(vs))
+
+
+def _masked_mean(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+  """Mean of `x` over `mask > 0`; `tf.where` keeps garbage (inf/nan) at masked entries out."""
+  count = tf.maximum(tf.reduce_sum(mask), 1.0)
+  return tf.reduce_sum(tf.where(mask > 0, x, tf.zeros_like(x))) / count
+
+
+def normalize_advantages(advantages: tf.Tensor, mask: tf.Tensor,
+                         epsilon: float = 1e-8) -> tf.Tensor:
+  """(A - mean) / (std + epsilon) over the unmasked entries; masked entries are 0."""
+  mask = tf.cast(mask, advantages.dtype)
+  mean = _masked_mean(advantages, mask)
+  std = tf.sqrt(_masked_mean(tf.square(advantages - mean), mask))
+  normalized = (advantages - mean) / (std + epsilon)
+  return tf.where(mask > 0, normalized, tf.zeros_like(normalized))
+
+
+def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: tf.Tensor,
+             values: tf.Tensor, behaviour_values: tf.Tensor, returns: tf.Tensor,
+             entropy: tf.Tensor, mask: tf.Tensor, clip_epsilon: float = 0.2,
+             value_clip: float | None = None, baseline_cost: float = 0.5,
+             entropy_cost: float = 0.0) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """PPO's clipped surrogate + baseline_cost * value loss - entropy_cost * entropy.
+
+      ratio = exp(log_probs - behaviour_log_probs)
+      policy_loss = -mean(min(ratio A, clip(ratio, 1 - eps, 1 + eps) A))
+      value_loss = 0.5 mean((V - R)^2), or with `value_clip` c (PPO2)
+                   0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2))
+
+  Args:
+    log_probs: log pi(a|x) of the actions under the policy being learned (differentiable).
+    behaviour_log_probs: log mu(a|x) the data was collected (or last evaluated) with.
+    advantages, returns: targets (gradient stopped here).
+    values: V(x) being learned; behaviour_values: V_old(x) for value clipping.
+    entropy: the policy's entropy at each x.
+    mask: 0 for entries that are no transition. Every input has the same shape (any
+      rank: the learner passes time-major minibatches `[T, b]`).
+
+  Returns:
+    (loss, metrics). Every mean is over the unmasked entries.
+  """
+  mask = tf.cast(mask, values.dtype)
+  # Zero every input at masked entries first: whatever sits there (even inf or nan) then
+  # reaches neither the loss nor, through a where's zero-times-nan, the gradients.
+  zero_masked = lambda x: tf.where(mask > 0, x, tf.zeros_like(x))
+  log_probs, values, entropy = map(zero_masked, (log_probs, values, entropy))
+  advantages, returns, behaviour_log_probs, behaviour_values = (
+      tf.stop_gradient(zero_masked(x))
+      for x in (advantages, returns, behaviour_log_probs, behaviour_values))
+
+  log_ratio = log_probs - behaviour_log_probs
+  ratio = tf.exp(log_ratio)
+  clipped_ratio = tf.clip_by_value(ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon)
+  surrogate = tf.minimum(ratio * advantages, clipped_ratio * advantages)
+  policy_loss = -_masked_mean(surrogate, mask)
+
+  value_error = tf.square(values - returns)
+  if value_clip is not None:
+    clipped_values = behaviour_values + tf.clip_by_value(
+        values - behaviour_values, -value_clip, value_clip)
+    value_error = tf.maximum(value_error, tf.square(clipped_values - returns))
+  value_loss = 0.5 * _masked_mean(value_error, mask)
+
+  mean_entropy = _masked_mean(entropy, mask)
+  loss = policy_loss + baseline_cost * value_loss - entropy_cost * mean_entropy
+
+  clipped = tf.cast(tf.abs(ratio - 1.0) > clip_epsilon, mask.dtype)
+  metrics = {
+      'loss': loss,
+      'policy_loss': policy_loss,
+      'value_loss': value_loss,
+      'entropy': mean_entropy,
+      'clip_fraction': _masked_mean(clipped, mask),
+      'approx_kl': _masked_mean((ratio - 1.0) - log_ratio, mask),
+      'mean_ratio': _masked_mean(ratio, mask),
+  }
+  return loss, {k: tf.stop_gradient(v) for k, v in metrics.items()}
