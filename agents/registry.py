@@ -92,6 +92,11 @@ _VTRACE_DEFAULTS: Dict[str, Dict[str, Any]] = {
                   optimizer='rmsprop', learning_rate=6e-4, adam_epsilon=1e-3,
                   entropy_cost=0.01, unroll_length=20, batch_size=8, queue_size=32),
     'dmlab': dict(core='lstm', torso='impala_resnet', lstm_size=256, reward_clip=1.0),
+    # MuJoCo through the shared tanh-Normal head (seedacme/distributions.py), with
+    # running observation normalization; rewards scaled to keep values near 1.
+    'mujoco': dict(core='feedforward', hidden_sizes=(256, 256), unroll_length=32,
+                   batch_size=16, queue_size=64, learning_rate=3e-4, entropy_cost=0.0,
+                   reward_scale=0.1, normalize_observations=True, squash='tanh'),
     # Football (stacked SMM): SEED's feed-forward 4-stack ResNet, unroll and discount;
     # a learning rate and entropy cost for short runs (SEED's are tuned for 500M frames).
     'football': dict(core='feedforward', torso='football', unroll_length=32, batch_size=16,
@@ -125,7 +130,7 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                      reward_scale=0.1),
     # MuJoCo: CleanRL's 2048 transitions per update (16 unrolls x 128), 32 minibatches
     # of 64, 10 epochs; observations and rewards normalized (on by default here).
-    'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=16,
+    'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
                    queue_size=16, learning_rate=3e-4, entropy_cost=0.0,
                    normalize_observations=True, normalize_rewards=True, squash='clip'),
     # Atari: CleanRL's Atari PPO (Nature CNN, 8 x 128 transitions per update, 4

@@ -136,6 +136,10 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
                                   **parse_overrides(args.agent_config))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'bad --agent_config: {e}') from e
+  try:
+    builder.check_spec(spec)
+  except ValueError as e:
+    raise ProgramArgsError(f'{args.agent} on {args.env}: {e}') from e
   config = ProgramConfig(
       num_actors=args.num_actors, envs_per_actor=args.envs_per_actor,
       num_eval_envs=args.num_eval_envs, eval_interval_s=args.eval_interval_s,

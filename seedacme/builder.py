@@ -29,6 +29,17 @@ class SeedBuilder(abc.ABC):
   """Everything agent-specific about a SEED program."""
 
   name: str = 'agent'
+  # Whether the agent serves continuous (bounded float) actions; every agent serves
+  # discrete ones. `check_spec` refuses the others at start-up, never mid-run.
+  continuous_actions: bool = False
+
+  def check_spec(self, spec: EnvSpec) -> None:
+    """Raises ValueError, naming the agent and the env's actions, if the agent cannot
+    serve `spec` (called by `make_program` and the launchers before anything starts)."""
+    if spec.continuous and not self.continuous_actions:
+      raise ValueError(f'agent {self.name!r} cannot serve this env: it has '
+                       f'{spec.describe_actions()}, and {self.name} acts on discrete '
+                       'actions only (ppo and vtrace serve continuous actions)')
 
   @property
   def replay_checkpoint_interval_s(self) -> float | None:

@@ -22,6 +22,7 @@ class PPOBuilder(builder_lib.SeedBuilder):
   """Wires PPO into a SEED program."""
 
   name = 'ppo'
+  continuous_actions = True
   table = 'ppo_unrolls'
   # Inference steps' worth of finished unrolls the writer may hold while the queue is
   # full. The writer's default (64) is V-trace's; for PPO it was the policy lag: on

@@ -22,8 +22,9 @@ class PPOConfig:
     unroll_length: T, transitions per unroll (unrolls hold T + 1 steps: bootstrap).
     batch_size: unrolls per learner step (one batch off the queue).
     epochs: passes over each learner batch.
-    num_minibatches: minibatches per epoch; `batch_size` must divide by it. Feed-forward
-      cores shuffle transitions, LSTM cores whole unrolls (their state runs through).
+    num_minibatches: minibatches per epoch. Feed-forward cores shuffle transitions
+      (`batch_size * unroll_length` must divide by it), LSTM cores whole unrolls
+      (`batch_size` must: their state runs through).
     queue_size: Reverb queue capacity in unrolls; a full queue blocks inference, which
       bounds the policy lag to about `queue_size / batch_size` learner steps.
     core: 'feedforward' or 'lstm' (torso -> LSTM -> heads, shared).
@@ -85,6 +86,11 @@ class PPOConfig:
   reward_scale: float = 1.0
   seed: int = 0
 
+  @property
+  def minibatch_items(self) -> int:
+    """What minibatches split: whole unrolls (LSTM) or transitions (feed-forward)."""
+    return self.batch_size * (1 if self.core == 'lstm' else self.unroll_length)
+
   def __post_init__(self):
     checks = ((self.core in CORES, f'core={self.core!r}: choose one of {CORES}'),
               (self.advantage_estimator in ADVANTAGE_ESTIMATORS,
@@ -96,9 +102,10 @@ class PPOConfig:
               (self.epochs >= 1 and self.num_minibatches >= 1,
                f'epochs={self.epochs} and num_minibatches={self.num_minibatches} must '
                'be >= 1'),
-              (self.batch_size % self.num_minibatches == 0,
-               f'batch_size={self.batch_size} must divide by num_minibatches='
-               f'{self.num_minibatches} (every unroll is used exactly `epochs` times)'),
+              (self.minibatch_items % self.num_minibatches == 0,
+               f'{self.minibatch_items} {"unrolls" if self.core == "lstm" else "transitions"}'
+               f' per batch must divide by num_minibatches={self.num_minibatches} (each '
+               'is used exactly `epochs` times)'),
               (self.queue_size >= self.batch_size,
                f'queue_size={self.queue_size} must hold a batch of {self.batch_size}'))
     for ok, message in checks:

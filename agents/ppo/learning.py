@@ -197,6 +197,13 @@ class PPOLearner(Learner):
             'initial_state': prepared['initial_state']}
     return data
 
+  def advantages(self, batch):
+    """Advantages and value targets (numpy `[T, B]`) of a batch of unrolls with the
+    network as it is (what the next `train_on` starts from; also updates the
+    observation statistics, as `train_on` would)."""
+    advantages, returns = self._advantages_fn(self._prepare_fn(batch))
+    return advantages.numpy(), returns.numpy()
+
   def warm_up(self) -> bool:
     if self._item_signature is None:
       return False

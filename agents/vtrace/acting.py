@@ -14,7 +14,8 @@ from seedacme.serving.tf_policy import TFServerPolicy
 
 
 class VTracePolicy(TFServerPolicy):
-  """Samples from the policy network's logits; evaluation envs take the argmax."""
+  """Samples from the policy network's logits (or its continuous action head);
+  evaluation envs take the argmax (the head's mode)."""
 
   def __init__(self, network: snt.Module, spec: EnvSpec, num_envs: int, seed: int = 0,
                device: str = ''):
@@ -22,6 +23,14 @@ class VTracePolicy(TFServerPolicy):
 
   def _act(self, observation, state, eval_mask, env_ids):
     del env_ids  # Every env samples from the same policy.
+    head = getattr(self._network, 'action_head', None)
+    if head is not None:
+      (params, _), next_state = self._network(observation, state)
+      sampled, greedy = head.sample(params, self._rng), head.mode(params)
+      raw = tf.where(tf.reshape(eval_mask, [-1] + [1] * (sampled.shape.rank - 1)),
+                     greedy, sampled)
+      extras = {'raw_action': raw, 'log_prob': head.log_prob(params, raw)}
+      return head.to_env(raw), extras, next_state
     (logits, _), next_state = self._network(observation, state)
     # Gumbel-max with a stateful generator: reproducible given the seed.
     u = self._rng.uniform(tf.shape(logits), minval=1e-20, maxval=1.0)

@@ -12,6 +12,8 @@ from seedacme.agents.vtrace import acting, learning, networks
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.trajectories.sink import ReverbSequenceSink
+from seedacme.distributions import make_action_head
+from seedacme.normalization import RunningNormalizer
 from seedacme.types import EnvSpec
 from seedacme.types import Nest
 
@@ -21,6 +23,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
   """Wires V-trace into a SEED program."""
 
   name = 'vtrace'
+  continuous_actions = True
   table = 'vtrace_unrolls'
 
   def __init__(self, config: VTraceConfig = VTraceConfig()):
@@ -36,8 +39,12 @@ class VTraceBuilder(builder_lib.SeedBuilder):
 
   def _network(self, spec: EnvSpec):
     c = self.config
+    head = (make_action_head(spec, squash=c.squash, init_log_std=c.init_log_std)
+            if spec.continuous else None)
+    normalizer = (RunningNormalizer(spec.observation_shape, clip=c.observation_clip)
+                  if c.normalize_observations else None)
     return networks.make_network(c.core, spec.num_actions, c.hidden_sizes, c.lstm_size,
-                                 c.torso)
+                                 c.torso, head, normalizer)
 
   def item_signature(self, spec: EnvSpec) -> Dict[str, Any]:
     """`tf.TensorSpec`s of one Reverb item (an unroll)."""
@@ -48,10 +55,17 @@ class VTraceBuilder(builder_lib.SeedBuilder):
         'reward': tf.TensorSpec((n,), tf.float32),
         'discount': tf.TensorSpec((n,), tf.float32),
         'step_type': tf.TensorSpec((n,), tf.int8),
-        'action': tf.TensorSpec((n,), tf.int32),
-        'logits': tf.TensorSpec((n, spec.num_actions), tf.float32),
+        'action': tf.TensorSpec((n,) + tuple(spec.action_shape),
+                                tf.as_dtype(spec.action_dtype)),
     }
-    state = self._network(spec).initial_state(1)
+    network = self._network(spec)
+    if spec.continuous:  # the head's raw sample and its log-probability
+      raw = network.action_head.raw_spec
+      signature['raw_action'] = tf.TensorSpec((n,) + tuple(raw.shape), raw.dtype)
+      signature['log_prob'] = tf.TensorSpec((n,), tf.float32)
+    else:
+      signature['logits'] = tf.TensorSpec((n, spec.num_actions), tf.float32)
+    state = network.initial_state(1)
     if tree.flatten(state):
       signature['initial_state'] = tree.map_structure(
           lambda x: tf.TensorSpec(x.shape[1:], x.dtype), state)
@@ -84,7 +98,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
               'discount': sequences['discount'][i],
               'step_type': sequences['step_type'][i],
               'action': sequences['action'][i],
-              'logits': sequences['extras']['logits'][i]}
+              **{k: v[i] for k, v in sequences['extras'].items()}}
       if state_leaves:
         item['initial_state'] = tree.map_structure(lambda x, i=i: x[i, 0], sequences['state'])
       items.append((1.0, item))

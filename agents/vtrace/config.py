@@ -39,6 +39,10 @@ class VTraceConfig:
     reward_scale: multiply rewards by this in the loss (after clipping).
     queue_size: Reverb queue capacity in unrolls; a full queue blocks inference, which
       bounds policy lag and memory.
+    squash, init_log_std: continuous actions only: the shared Normal head's squashing
+      ('tanh' or 'clip') and initial log standard deviation (seedacme.distributions).
+    normalize_observations, observation_clip: running mean/std of observations,
+      updated by the learner, read by inference (MuJoCo's default).
   """
   unroll_length: int = 20
   batch_size: int = 32
@@ -66,6 +70,10 @@ class VTraceConfig:
   reward_clip: float | None = None
   reward_scale: float = 1.0
   queue_size: int = 256
+  squash: str = 'tanh'
+  init_log_std: float = -0.5
+  normalize_observations: bool = False
+  observation_clip: float = 10.0
   seed: int = 0
   # Deprecated spelling of `core` ('mlp' -> 'feedforward'); not a field (not stored).
   network: dataclasses.InitVar[str | None] = None

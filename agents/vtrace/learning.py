@@ -5,6 +5,7 @@ from typing import Any, Dict
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
+import tree
 
 from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
@@ -29,7 +30,6 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
   reward = tf.cast(time_major(batch['reward']), tf.float32)
   discount = tf.cast(time_major(batch['discount']), tf.float32)
   action = time_major(batch['action'])
-  behaviour_logits = time_major(batch['logits'])
   initial_state = batch.get('initial_state', ())
 
   logits, values = network.unroll(observation, tf.equal(step_type, FIRST), initial_state)
@@ -39,8 +39,24 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
     rewards = tf.clip_by_value(rewards, -config.reward_clip, config.reward_clip)
   rewards = rewards * config.reward_scale
   mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
+  head = getattr(network, 'action_head', None)
+  if head is not None:  # continuous actions: the head's log-probabilities
+    params = tree.map_structure(lambda p: p[:-1], logits)
+    flat = tree.map_structure(lambda p: tf.reshape(p, tf.concat([[-1], tf.shape(p)[2:]], 0)),
+                              params)
+    raw = time_major(batch['raw_action'])[:-1]
+    shape = tf.shape(rewards)
+    target = tf.reshape(head.log_prob(flat, tf.reshape(
+        raw, tf.concat([[-1], tf.shape(raw)[2:]], 0))), shape)
+    return losses.vtrace_loss_from_log_probs(
+        target, time_major(batch['log_prob'])[:-1], tf.reshape(head.entropy(flat), shape),
+        rewards, config.discount * discount[1:], values[:-1], values[-1], mask,
+        baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
+        clip_rho_threshold=config.clip_rho_threshold,
+        clip_pg_rho_threshold=config.clip_pg_rho_threshold,
+        clip_c_threshold=config.clip_c_threshold)
   return losses.vtrace_loss(
-      target_logits=logits[:-1], behaviour_logits=behaviour_logits[:-1],
+      target_logits=logits[:-1], behaviour_logits=time_major(batch['logits'])[:-1],
       actions=action[:-1], rewards=rewards, discounts=config.discount * discount[1:],
       values=values[:-1], bootstrap_value=values[-1], mask=mask,
       baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
@@ -74,6 +90,11 @@ class VTraceLearner(Learner):
             'num_steps': self.num_steps}
 
   def _train_step(self, batch):
+    normalizer = getattr(self._network, 'normalizer', None)
+    if normalizer is not None:  # inference reads the same statistics
+      observation = time_major(batch['observation'])[:-1]
+      normalizer.update(tf.reshape(tf.cast(observation, tf.float32), tf.concat(
+          [[-1], tf.shape(observation)[2:]], 0)))
     with tf.GradientTape() as tape:
       loss, metrics = unroll_loss(self._network, batch, self._config)
     variables = self._network.trainable_variables

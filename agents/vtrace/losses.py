@@ -77,15 +77,31 @@ def vtrace_loss(target_logits: tf.Tensor, behaviour_logits: tf.Tensor,
   Returns:
     (loss, metrics). Every term is averaged over the unmasked transitions.
   """
-  if mask is None:
-    mask = tf.ones_like(rewards)
-  mask = tf.cast(mask, values.dtype)
   actions = tf.cast(actions, tf.int32)
   target_log_probs = tf.nn.log_softmax(target_logits)
   behaviour_log_probs = tf.nn.log_softmax(behaviour_logits)
   one_hot = tf.one_hot(actions, tf.shape(target_logits)[-1], dtype=target_logits.dtype)
-  target_action_log_probs = tf.reduce_sum(target_log_probs * one_hot, axis=-1)
-  behaviour_action_log_probs = tf.reduce_sum(behaviour_log_probs * one_hot, axis=-1)
+  entropy = -tf.reduce_sum(tf.nn.softmax(target_logits) * target_log_probs, axis=-1)
+  return vtrace_loss_from_log_probs(
+      tf.reduce_sum(target_log_probs * one_hot, axis=-1),
+      tf.reduce_sum(behaviour_log_probs * one_hot, axis=-1), entropy, rewards, discounts,
+      values, bootstrap_value, mask, baseline_cost, entropy_cost, clip_rho_threshold,
+      clip_pg_rho_threshold, clip_c_threshold)
+
+
+def vtrace_loss_from_log_probs(
+    target_action_log_probs: tf.Tensor, behaviour_action_log_probs: tf.Tensor,
+    entropy: tf.Tensor, rewards: tf.Tensor, discounts: tf.Tensor, values: tf.Tensor,
+    bootstrap_value: tf.Tensor, mask: tf.Tensor | None = None, baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01, clip_rho_threshold: float = 1.0,
+    clip_pg_rho_threshold: float = 1.0,
+    clip_c_threshold: float = 1.0) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """`vtrace_loss` for any action distribution: the log-probabilities `[T, B]` of the
+  actions taken under the learned (differentiable) and the behaviour policy, and the
+  learned policy's entropy `[T, B]` (continuous actions: `seedacme.distributions`)."""
+  if mask is None:
+    mask = tf.ones_like(rewards)
+  mask = tf.cast(mask, values.dtype)
   log_rhos = tf.stop_gradient(target_action_log_probs) - behaviour_action_log_probs
   returns = vtrace_returns(log_rhos, discounts, rewards, tf.stop_gradient(values),
                            tf.stop_gradient(bootstrap_value), mask,
@@ -93,7 +109,6 @@ def vtrace_loss(target_logits: tf.Tensor, behaviour_logits: tf.Tensor,
   count = tf.maximum(tf.reduce_sum(mask), 1.0)
   pg_loss = -tf.reduce_sum(mask * returns.pg_advantages * target_action_log_probs) / count
   baseline_loss = tf.reduce_sum(mask * 0.5 * tf.square(returns.vs - values)) / count
-  entropy = -tf.reduce_sum(tf.nn.softmax(target_logits) * target_log_probs, axis=-1)
   mean_entropy = tf.reduce_sum(mask * entropy) / count
   loss = pg_loss + baseline_cost * baseline_loss - entropy_cost * mean_entropy
   metrics = {'loss': loss, 'pg_loss': pg_loss, 'baseline_loss': baseline_loss,

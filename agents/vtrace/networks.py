@@ -10,6 +10,11 @@ Every network has the same three entry points:
 
 Observations arrive in the env's dtype; uint8 frames are scaled to [0, 1] here, on the
 device, so they cross the network as bytes.
+
+Discrete actions get logits (`policy` is a Linear). Continuous actions get one of the
+shared action heads of `seedacme.distributions` (`action_head`), and the policy output
+is that head's parameters instead of logits; an optional `RunningNormalizer` normalizes
+vector observations (its statistics are variables of the network).
 """
 
 from typing import Sequence, Tuple
@@ -17,7 +22,7 @@ from typing import Sequence, Tuple
 import sonnet as snt
 import tensorflow as tf
 
-from seedacme.networks import RecurrentCore, batch_apply, make_torso
+from seedacme.networks import RecurrentCore, batch_apply, make_torso, to_float
 from seedacme.types import Nest
 
 
@@ -35,11 +40,11 @@ class PolicyValueHead(snt.Module):
   """
 
   def __init__(self, num_actions: int, policy_init_scale: float | None = None,
-               name: str = 'policy_value_head'):
+               action_head: snt.Module | None = None, name: str = 'policy_value_head'):
     super().__init__(name=name)
     w_init = (None if policy_init_scale is None
               else snt.initializers.Orthogonal(gain=policy_init_scale))
-    self._policy = snt.Linear(num_actions, w_init=w_init, name='policy')
+    self._policy = action_head or snt.Linear(num_actions, w_init=w_init, name='policy')
     self._value = snt.Linear(1, name='value')
 
   def __call__(self, features: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -50,10 +55,14 @@ class FeedForwardPolicyValue(snt.Module):
   """Torso -> (logits, value): the feed-forward core. Stateless."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
-               torso: str = 'mlp', name: str = 'feed_forward_policy_value'):
+               torso: str = 'mlp', action_head: snt.Module | None = None,
+               normalizer: snt.Module | None = None,
+               name: str = 'feed_forward_policy_value'):
     super().__init__(name=name)
+    self.action_head, self.normalizer = action_head, normalizer
     self._torso = make_torso(torso, hidden_sizes)
-    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso))
+    self._reader = _normalized(self._torso, normalizer)
+    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso), action_head)
 
   @property
   def torso(self) -> snt.Module:
@@ -64,21 +73,25 @@ class FeedForwardPolicyValue(snt.Module):
     return ()
 
   def __call__(self, observation, state=()):
-    return self._head(self._torso(observation)), state
+    return self._head(self._reader(observation)), state
 
   def unroll(self, observations, first, state=()):
     del first, state
-    return batch_apply(lambda x: self._head(self._torso(x)), observations)
+    return batch_apply(lambda x: self._head(self._reader(x)), observations)
 
 
 class LSTMPolicyValue(snt.Module):
   """Torso -> LSTM core -> (logits, value). State is the tuple (hidden, cell)."""
 
   def __init__(self, num_actions: int, hidden_sizes: Sequence[int] = (64,),
-               lstm_size: int = 64, torso: str = 'mlp', name: str = 'lstm_policy_value'):
+               lstm_size: int = 64, torso: str = 'mlp',
+               action_head: snt.Module | None = None,
+               normalizer: snt.Module | None = None, name: str = 'lstm_policy_value'):
     super().__init__(name=name)
-    self._core = RecurrentCore(make_torso(torso, hidden_sizes), lstm_size)
-    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso))
+    self.action_head, self.normalizer = action_head, normalizer
+    self._core = RecurrentCore(_normalized(make_torso(torso, hidden_sizes), normalizer),
+                               lstm_size)
+    self._head = PolicyValueHead(num_actions, _policy_init_scale(torso), action_head)
 
   def initial_state(self, batch_size: int) -> Nest:
     return self._core.initial_state(batch_size)
@@ -92,11 +105,29 @@ class LSTMPolicyValue(snt.Module):
     return batch_apply(self._head, outputs)
 
 
+def _normalized(torso: snt.Module, normalizer: snt.Module | None) -> snt.Module:
+  return torso if normalizer is None else _Normalized(torso, normalizer)
+
+
+class _Normalized(snt.Module):
+  """The torso, reading observations through the running normalizer if there is one."""
+
+  def __init__(self, torso: snt.Module, normalizer: snt.Module | None):
+    super().__init__(name='normalized_torso')
+    self._torso, self._normalizer = torso, normalizer
+
+  def __call__(self, observation):
+    return self._torso(self._normalizer(to_float(observation)))
+
+
 def make_network(core: str, num_actions: int, hidden_sizes: Sequence[int],
-                 lstm_size: int, torso: str = 'mlp') -> snt.Module:
-  """The policy/value network: `torso` -> `core` ('feedforward' or 'lstm') -> head."""
+                 lstm_size: int, torso: str = 'mlp', action_head: snt.Module | None = None,
+                 normalizer: snt.Module | None = None) -> snt.Module:
+  """The policy/value network: `torso` -> `core` ('feedforward' or 'lstm') -> head
+  (logits over `num_actions`, or `action_head`'s parameters)."""
   if core == 'feedforward':
-    return FeedForwardPolicyValue(num_actions, hidden_sizes, torso)
+    return FeedForwardPolicyValue(num_actions, hidden_sizes, torso, action_head, normalizer)
   if core == 'lstm':
-    return LSTMPolicyValue(num_actions, hidden_sizes, lstm_size, torso)
+    return LSTMPolicyValue(num_actions, hidden_sizes, lstm_size, torso, action_head,
+                           normalizer)
   raise ValueError(f"Unknown core {core!r}; choose 'feedforward' or 'lstm'")

@@ -52,6 +52,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
       (`lp.make_program_stopper(launch_type)`, created in the launching process).
   """
   config.validate()
+  builder.check_spec(spec)
   program = lp.Program(name)
   with program.group('replay'):
     replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec),

@@ -8,75 +8,13 @@ R2D2's learner writes new priorities back into its prioritized table, and that R
 `samples_per_insert` limiter holds acting to the learner's pace.
 """
 
-import threading
 import time
 
 import numpy as np
 import pytest
-import reverb
 
 from seedacme.types import Mode
-from seedacme import envs
 from seedacme.agents import vtrace
-from seedacme.nodes.central import CentralNode
-from seedacme.config import ProgramConfig
-from seedacme.actor.engines import BatchedEnv
-from seedacme.wire.protocol import make_request
-
-
-class _Actor(threading.Thread):
-  """An env-only actor calling the central node in-process."""
-
-  def __init__(self, central, factory, first_env_id, num_envs, stop):
-    super().__init__(daemon=True)
-    self.central, self.stop = central, stop
-    self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
-    self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
-    self.steps = 0
-    self.error = None
-
-  def run(self):
-    try:
-      ts = self.envs.reset()
-      while not self.stop.is_set():
-        reply = self.central.step(make_request(
-            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
-            ts.discount, ts.step_type))
-        ts = self.envs.step(reply['action'])
-        self.steps += 1
-    except Exception as e:  # noqa: BLE001
-      if not self.stop.is_set():
-        self.error = e
-
-
-@pytest.fixture
-def make_central(tmp_path):
-  created = []
-
-  def make(agent_config, env='catch', num_actors=2, envs_per_actor=8):
-    """`agent_config`: a VTraceConfig, or any builder."""
-    factory = envs.make_factory(env)
-    spec = envs.env_spec_of(factory(0))
-    builder = (vtrace.VTraceBuilder(agent_config)
-               if isinstance(agent_config, vtrace.VTraceConfig) else agent_config)
-    server = reverb.Server(builder.make_replay_tables(spec), port=None)
-    client = reverb.Client(f'localhost:{server.port}')
-    config = ProgramConfig(num_actors=num_actors, envs_per_actor=envs_per_actor,
-                           num_eval_envs=0, logdir=str(tmp_path), max_seconds=None)
-    stop = threading.Event()
-    central = CentralNode(builder, spec, config, client, stop_event=stop)
-    actors = [_Actor(central, factory, i * envs_per_actor, envs_per_actor, stop)
-              for i in range(num_actors)]
-    created.append((server, central, actors, stop))
-    return central, client, actors, builder.table
-
-  yield make
-  for server, central, actors, stop in created:
-    stop.set()
-    central.shutdown()
-    for a in actors:
-      a.join(5)
-    server.stop()
 
 
 def _table_size(client, table):

@@ -1,0 +1,248 @@
+"""PPO's learner and policy on the SEED core (the losses: tests/unit/test_ppo_losses.py).
+
+Each unroll trains exactly `epochs` times per learner step (transitions shuffled for a
+feed-forward core, whole unrolls for an LSTM); the observation normalizer's statistics
+are the same variables for inference and learner, reach an actor-side copy, and come
+back from a checkpoint; a time-limit truncation bootstraps through the learner; a NaN
+loss raises `DivergedError` before anything is applied; a policy whose actions leave
+the bounds stops the run as 'diverged'; and returns rise on CartPole.
+"""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from seedacme.agents.ppo import PPOBuilder, PPOConfig
+from seedacme.agents.ppo.learning import PPOLearner, minibatch_plan
+from seedacme.learner.base import DivergedError
+from seedacme.learner.checkpointing import Checkpointer
+from seedacme.types import FIRST, LAST, MID, EnvSpec, Mode
+
+DISCRETE = EnvSpec((4,), 'float32', 3)
+CONTINUOUS = EnvSpec((5,), 'float32', 0, (2,), (-1.0, -2.0), (1.0, 0.5))
+
+
+def _batch(builder, spec, seed=0, step_type=None, reward=None, discount=None):
+  """A batch of `batch_size` unrolls shaped as the queue's items."""
+  rng = np.random.default_rng(seed)
+  signature = builder.item_signature(spec)
+  b, n = builder.config.batch_size, builder.unroll_steps
+
+  def fill(name, s):
+    shape = (b,) + tuple(s.shape)
+    if name == 'step_type':
+      x = np.full(shape, MID, np.int8) if step_type is None else step_type
+      if step_type is None:
+        x[:, 0] = FIRST
+      return tf.constant(x)
+    if name == 'reward' and reward is not None:
+      return tf.constant(reward, tf.float32)
+    if name == 'discount':
+      return tf.constant(np.ones(shape, np.float32) if discount is None else discount)
+    if s.dtype.is_integer:
+      return tf.zeros(shape, s.dtype)
+    return tf.constant(rng.normal(size=shape).astype(s.dtype.as_numpy_dtype))
+  return {k: (tf.nest.map_structure(lambda s: fill('state', s), v) if k == 'initial_state'
+              else fill(k, v)) for k, v in signature.items()}
+
+
+def _learner(config, spec=DISCRETE):
+  builder = PPOBuilder(config)
+  network = builder.make_networks(spec)
+  return builder, network, PPOLearner(network, config, None, builder.item_signature(spec))
+
+
+def test_minibatch_plan_uses_every_item_exactly_epochs_times():
+  plan = minibatch_plan(48, epochs=3, num_minibatches=4, rng=np.random.default_rng(0))
+  assert len(plan) == 12 and all(len(p) == 12 for p in plan)
+  for epoch in range(3):  # each epoch is a permutation
+    assert sorted(np.concatenate(plan[4 * epoch:4 * epoch + 4])) == list(range(48))
+  with pytest.raises(ValueError, match='do not split'):
+    minibatch_plan(10, 1, 4, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize('core', ['feedforward', 'lstm'])
+def test_each_unroll_trains_exactly_epochs_times_per_step(core):
+  config = PPOConfig(core=core, unroll_length=6, batch_size=8, epochs=3, num_minibatches=4,
+                     hidden_sizes=(16,), lstm_size=8)
+  builder, _, learner = _learner(config)
+  metrics = learner.train_on(_batch(builder, DISCRETE))
+  np.testing.assert_allclose(learner.last_unroll_uses, np.full(8, 3.0))
+  assert np.isfinite(metrics['loss']) and learner.num_steps.numpy() == 1
+
+
+def test_the_policy_stamps_the_learner_step_and_the_lag_is_measured():
+  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8,))
+  builder, network, learner = _learner(config)
+  policy = builder.make_policy(network, DISCRETE, 4, 4)
+  obs = np.zeros((4, 4), np.float32)
+  assert (policy.step(np.arange(4), obs, np.ones(4, bool), np.zeros(4, bool))
+          .extras['policy_version'] == 0).all()
+  for _ in range(2):
+    metrics = learner.train_on(_batch(builder, DISCRETE))  # versions 0 in the batch
+  assert metrics['policy_lag'] == 1.0  # trained at step 2 on data of step 0
+  assert (policy.step(np.arange(4), obs, np.ones(4, bool), np.zeros(4, bool))
+          .extras['policy_version'] == 2).all()
+
+
+def test_continuous_actions_are_served_inside_the_bounds_and_greedy_is_the_mode():
+  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, squash='tanh',
+                     init_log_std=1.0)
+  builder = PPOBuilder(config)
+  network = builder.make_networks(CONTINUOUS)
+  policy = builder.make_policy(network, CONTINUOUS, 64, 64)
+  obs = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32) * 100
+  out = policy.step(np.arange(64), obs, np.ones(64, bool), np.arange(64) % 2 == 0)
+  assert out.action.dtype == np.float32 and out.action.shape == (64, 2)
+  assert (out.action >= [-1.0, -2.0]).all() and (out.action <= [1.0, 0.5]).all()
+  again = policy.step(np.arange(64), obs, np.ones(64, bool), np.arange(64) % 2 == 0)
+  np.testing.assert_array_equal(again.action[::2], out.action[::2])  # greedy: the mode
+  assert (again.action[1::2] != out.action[1::2]).any()  # sampled
+
+
+def test_normalizer_is_shared_reaches_actor_side_copies_and_checkpoints(tmp_path):
+  config = PPOConfig(unroll_length=5, batch_size=4, num_minibatches=2,
+                     normalize_observations=True, hidden_sizes=(8,))
+  builder, network, learner = _learner(config, CONTINUOUS)
+  policy = builder.make_policy(network, CONTINUOUS, 4, 4)
+  for step in range(3):
+    learner.train_on(_batch(builder, CONTINUOUS, seed=step))
+  stats = network.normalizer
+  assert stats.count.numpy() == 3 * 4 * 5  # T transitions of every unroll, per step
+  probe = np.full((1, 5), 2.0, np.float32)
+  # Inference reads the learner's variables: the normalized input differs from the raw.
+  np.testing.assert_allclose(stats(tf.constant(probe)).numpy(),
+                             (probe - stats.mean.numpy()) / np.sqrt(stats.var.numpy() + 1e-8),
+                             rtol=1e-5)
+  assert policy.step(np.arange(1), probe, np.ones(1, bool), np.ones(1, bool)).action.shape \
+      == (1, 2)
+  # Actor-side inference copies `policy_network(...).variables`: statistics included.
+  copy = builder.make_networks(CONTINUOUS)
+  for mine, theirs in zip(builder.policy_network(copy).variables,
+                          builder.policy_network(network).variables):
+    mine.assign(theirs)
+  np.testing.assert_array_equal(copy.normalizer.mean.numpy(), stats.mean.numpy())
+  # A checkpoint brings them back into a fresh learner.
+  Checkpointer(str(tmp_path), learner.checkpoint_state(), 1).save(
+      {'learner_steps': 3, 'env_steps': 0, 'episodes': 0})
+  _, fresh, fresh_learner = _learner(config, CONTINUOUS)
+  Checkpointer(str(tmp_path), fresh_learner.checkpoint_state(), 1).restore()
+  for name in ('count', 'mean', 'var'):
+    np.testing.assert_array_equal(getattr(fresh.normalizer, name).numpy(),
+                                  getattr(stats, name).numpy())
+
+
+@pytest.mark.parametrize('estimator', ['gae', 'vtrace'])
+def test_a_truncated_episode_bootstraps_and_a_terminated_one_does_not(estimator):
+  config = PPOConfig(unroll_length=6, batch_size=2, num_minibatches=1, gae_lambda=0.9,
+                     advantage_estimator=estimator, hidden_sizes=(8,))
+  builder, _, learner = _learner(config)
+  step_type = np.full((2, 7), MID, np.int8)
+  step_type[:, 0] = FIRST
+  step_type[:, 3] = LAST  # episode ends at step 3; step 4 starts the next one
+  step_type[:, 4] = FIRST
+  discount = np.ones((2, 7), np.float32)
+  discount[1, 3] = 0.0  # unroll 0: time-limit truncation (discount 1); 1: termination
+
+  def advantage_at_2(observation_at_3):
+    batch = _batch(builder, DISCRETE, step_type=step_type, discount=discount)
+    observation = batch['observation'].numpy()
+    observation[:, 3] = observation_at_3
+    batch['observation'] = tf.constant(observation)
+    advantages, _ = learner.advantages(batch)
+    return advantages[2]  # transition x_2 -> x_3 (LAST), per unroll
+
+  a, b = advantage_at_2(0.0), advantage_at_2(5.0)
+  assert abs(a[0] - b[0]) > 1e-4  # truncation: the last observation's value counts
+  assert a[1] == pytest.approx(b[1], abs=1e-6)  # termination: it does not
+  advantages, _ = learner.advantages(_batch(builder, DISCRETE, step_type=step_type,
+                                            discount=discount))
+  np.testing.assert_array_equal(advantages[3], 0.0)  # the LAST -> FIRST pair: no transition
+
+
+def test_a_non_finite_loss_raises_before_anything_is_applied():
+  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8,))
+  builder, network, learner = _learner(config)
+  before = [v.numpy().copy() for v in network.trainable_variables]
+  reward = np.full((4, 5), np.nan, np.float32)
+  with pytest.raises(DivergedError, match='non-finite PPO loss'):
+    learner.train_on(_batch(builder, DISCRETE, reward=reward))
+  for old, v in zip(before, network.trainable_variables):
+    np.testing.assert_array_equal(old, v.numpy())
+  assert learner.num_steps.numpy() == 0
+
+
+class _RecordingBuilder(PPOBuilder):
+  """Keeps the network the central node builds (to poison it)."""
+
+  def make_networks(self, spec):
+    self.network = super().make_networks(spec)
+    return self.network
+
+
+@pytest.mark.timeout(120)
+def test_actions_outside_the_bounds_stop_the_run_as_diverged(tmp_path):
+  """A diverged policy's NaN actions never reach an env: the run stops, summarized."""
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes.central import CentralNode  # pylint: disable=g-import-not-at-top
+  from seedacme.wire.protocol import make_request  # pylint: disable=g-import-not-at-top
+  import reverb  # pylint: disable=g-import-not-at-top
+  factory = envs.make_factory('mujoco', level='HalfCheetah-v5')
+  env = factory(0)
+  spec = envs.env_spec_of(env)
+  builder = _RecordingBuilder(PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2))
+  server = reverb.Server(builder.make_replay_tables(spec), port=None)
+  stop = threading.Event()
+  config = ProgramConfig(num_actors=1, envs_per_actor=2, num_eval_envs=0,
+                         logdir=str(tmp_path), max_seconds=60, checkpoint_interval_s=None)
+  central = CentralNode(builder, spec, config, reverb.Client(f'localhost:{server.port}'),
+                        stop_event=stop)
+  try:
+    run = threading.Thread(target=central.run, daemon=True)
+    run.start()
+    obs = np.stack([env.reset().observation] * 2)
+    request = lambda: make_request(np.arange(2), np.ones(2), obs, np.zeros(2),  # noqa: E731
+                                   np.ones(2), np.full(2, FIRST))
+    assert 'action' in central.step(request())
+    for v in builder.network.head.variables:  # a diverged policy: NaN means
+      v.assign(tf.fill(v.shape, np.nan))
+    reply = central.step(request())
+    assert 'shutting_down' in reply and 'non-finite action' in reply['shutting_down']
+    run.join(30)
+    assert not run.is_alive()
+  finally:
+    stop.set()
+    central.shutdown()
+    server.stop()
+  with open(os.path.join(str(tmp_path), 'summary.json')) as f:
+    summary = json.load(f)
+  assert summary['stop']['kind'] == 'diverged'
+  assert 'non-finite action' in summary['stopped_because']
+
+
+@pytest.mark.timeout(150)
+def test_returns_rise_on_cartpole(make_central):
+  config = PPOConfig(unroll_length=32, batch_size=16, epochs=4, num_minibatches=4,
+                     learning_rate=1e-3, entropy_cost=0.01, reward_scale=0.1)
+  central, _, actors, _ = make_central(PPOBuilder(config), env='cartpole', num_actors=2,
+                                       envs_per_actor=8)
+  for a in actors:
+    a.start()
+  deadline = time.monotonic() + 120
+  first = None
+  while time.monotonic() < deadline:
+    central.learner.step()
+    summary = central.server.acting.summary(Mode.TRAIN)
+    if first is None and summary['episodes'] >= 50:
+      first = summary['average_return']
+    if first is not None and summary['average_return'] >= 200:
+      break
+  assert first is not None
+  assert summary['average_return'] >= 200 > first, (first, summary)
+  assert all(a.error is None for a in actors)
