@@ -31,7 +31,7 @@ def _batch(builder, spec, seed=0, step_type=None, reward=None, discount=None):
   """A batch of `batch_size` unrolls shaped as the queue's items."""
   rng = np.random.default_rng(seed)
   signature = builder.item_signature(spec)
-  b, n = builder.config.batch_size, builder.unroll_steps
+  b = builder.config.batch_size
 
   def fill(name, s):
     shape = (b,) + tuple(s.shape)
