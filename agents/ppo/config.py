@@ -106,8 +106,7 @@ class PPOConfig:
                f'{self.minibatch_items} {"unrolls" if self.core == "lstm" else "transitions"}'
                f' per batch must divide by num_minibatches={self.num_minibatches} (each '
                'is used exactly `epochs` times)'),
-              (self.queue_size >= self.batch_size,
-               f'queue_size={self.queue_size} must hold a batch of {self.batch_size}'))
+              (self.queue_size >= 1, f'queue_size={self.queue_size} must be >= 1'))
     for ok, message in checks:
       if not ok:
         raise ValueError(f'PPOConfig: {message}')

@@ -1,0 +1,250 @@
+"""MuJoCo learning curves: agents trained by the real multi-process program, published.
+
+    .venv/bin/python bench/mujoco_learning.py --runs HalfCheetah-v5:ppo:0 Hopper-v5:ppo:1
+    .venv/bin/python bench/mujoco_learning.py --smoke   # one 30k-step run, under a minute
+
+Each `task:agent:seed` is one `run_local mujoco <agent> <actors> <envs_per_actor> --level
+<task> --max_env_steps <env_steps> --max_seconds <cap_s> --seed <seed>` (plus every
+`--agent_config` and the arguments after `--`), one after the other, its logdir
+bench/results/mujoco/<out>/<task>_<agent>_s<seed>/. Resumable: a run whose summary.json
+reached the env-step budget (or diverged: it would resume into the same divergence) is
+read back, not rerun; any other is launched again on its logdir, and the central node
+resumes it from <logdir>/checkpoints (saved every 60 s and at the end;
+seedacme/nodes/central.py) with a fresh time cap. So the same command continues a
+session that was stopped or capped; a study with other overrides needs its own `--out`.
+
+Per run: env steps, wall and run time, the training average (last 100 episodes) at the
+end and its best, the evaluator's at the end, the training average at 100k/300k/500k/1M
+env steps (first record at or past the mark averaging a full window; null if not
+reached), env and learner steps/s over the whole run (all segments, startup included),
+mean policy lag, command, stop reason. Writes bench/results/<out>.json (machine, commit,
+load_1m, command, runs, curves, summary: per task and agent the seeds' median returns at
+1M and 300k), <out>_curves.csv and <out>.png (a panel per task), then (not with --smoke)
+copies them to bench/published/.
+"""
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Dict, List
+
+import harness
+
+from seedacme.launchers import process
+from seedacme.run import logdir as logdir_lib
+from seedacme.run.curves import full_windows
+
+MARKS = {'100k': 100_000, '300k': 300_000, '500k': 500_000, '1M': 1_000_000}
+GRACE_S = 180.0  # past --max_seconds: startup, the last checkpoint and the shutdown
+RUN_FILE = 'bench_run.json'  # in each logdir: how this bench launched the run
+
+
+def rel(path: str) -> str:
+  return os.path.relpath(path, harness.REPO)
+
+
+def launch(cmd: List[str], logdir: str, cap_s: float,
+           agent_config: List[str]) -> Dict[str, Any]:
+  """Runs one program to its end; SIGINT to its process group past `cap_s + GRACE_S`
+  or on Ctrl-C (the launcher then stops its nodes and writes the summary)."""
+  tag, load_before = uuid.uuid4().hex, os.getloadavg()[0]
+  date, start, interrupted = time.strftime('%Y-%m-%d %H:%M'), time.monotonic(), False
+  with open(os.path.join(logdir, 'bench_stdout.txt'), 'a') as out:
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=harness.REPO,
+                            env=dict(os.environ, **{harness.TAG_VAR: tag}),
+                            start_new_session=True)
+    try:
+      code = proc.wait(cap_s + GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+      interrupted = isinstance(e, KeyboardInterrupt)
+      os.killpg(proc.pid, signal.SIGINT)
+      try:
+        code = proc.wait(90)
+      except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+  for p in harness.tagged_processes(tag):  # nodes a killed launcher left behind
+    p.kill()
+  return {'command': ' '.join([rel(cmd[0]), *cmd[1:]]), 'date': date, 'exit_code': code,
+          'wall_s': time.monotonic() - start, 'load_1m_before': load_before,
+          'load_1m_after': os.getloadavg()[0], 'interrupted': interrupted,
+          'agent_config': agent_config}
+
+
+def git(*args: str) -> str:
+  return subprocess.run(['git', *args], cwd=harness.REPO, capture_output=True,
+                        text=True).stdout.strip()
+
+
+def analyse(records: List[Dict[str, Any]],
+            summary: Dict[str, Any] | None) -> 'tuple[Dict[str, Any], list]':
+  """The figures of one run from its progress records (every segment) and summary, and
+  its curve: [env steps, training average] where the average covers a full window."""
+  segments = [r['elapsed_s'] for r, nxt in zip(records, records[1:] + [None])
+              if nxt is None or nxt['elapsed_s'] < r['elapsed_s']]  # a resume restarts it
+  if summary and segments:
+    segments[-1] = max(segments[-1], summary['elapsed_s'])
+  run_s = sum(segments) or (summary or {}).get('elapsed_s') or 0.0
+  final = summary or (records[-1] if records else {})
+  trained = [r for r, ok in zip(records, full_windows(records))
+             if ok and r.get('average_return') is not None]
+  lags = [r['learner_policy_lag'] for r in records if r.get('learner_policy_lag') is not None]
+  env_steps = final.get('env_steps') or 0
+  return {
+      'env_steps': env_steps, 'run_s': run_s, 'segments': len(segments),
+      'final_average_return': final.get('average_return'),
+      'best_average_return': max((r['average_return'] for r in trained), default=None),
+      'eval_return_at_end': final.get('eval_average_return'),
+      **{f'return_at_{k}': next((r['average_return'] for r in trained
+                                 if r['env_steps'] >= mark), None)
+         for k, mark in MARKS.items()},
+      'env_steps_per_s': env_steps / run_s if run_s else None,
+      'learner_steps_per_s': (final.get('learner_steps') or 0) / run_s if run_s else None,
+      'mean_policy_lag': statistics.fmean(lags) if lags else None,
+      'stopped_because': summary['stopped_because'] if summary else 'no summary',
+      'stop_kind': ((summary or {}).get('stop') or {}).get('kind'),
+  }, [[r['env_steps'], r['average_return']] for r in trained]
+
+
+def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Per (task, agent): the median over seeds of the returns at 1M and 300k env steps."""
+  out = []
+  for task, agent in dict.fromkeys((r['task'], r['agent']) for r in rows):
+    runs = [r for r in rows if (r['task'], r['agent']) == (task, agent)]
+    row = {'task': task, 'agent': agent, 'seeds': len(runs)}
+    for k in ('1M', '300k'):
+      values = [r[f'return_at_{k}'] for r in runs if r[f'return_at_{k}'] is not None]
+      row[f'median_return_at_{k}'] = statistics.median(values) if values else None
+      row[f'seeds_reaching_{k}'] = len(values)
+    out.append(row)
+  return out
+
+
+def write_csv(path: str, rows: List[Dict[str, Any]], records: Dict[str, list]) -> None:
+  """Every progress record of every run (averages as recorded, partial windows too)."""
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['task', 'agent', 'seed', 'env_steps', 'average_return', 'eval_return'])
+    for row in rows:
+      for r in records[row['name']]:
+        writer.writerow([row['task'], row['agent'], row['seed'], r['env_steps'],
+                         *('' if r.get(k) is None else r[k]
+                           for k in ('average_return', 'eval_average_return'))])
+
+
+def plot(path: str, rows: List[Dict[str, Any]], curves: Dict[str, list]) -> None:
+  """One panel per task, one line per (agent, seed)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  tasks = sorted({r['task'] for r in rows})
+  fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+  for ax, task in zip(axes[0], tasks):
+    for r in (r for r in rows if r['task'] == task and curves[r['name']]):
+      ax.plot(*zip(*curves[r['name']]), label=f"{r['agent']} seed {r['seed']}")
+    ax.set(title=task, xlabel='env steps', ylabel='training average return (last 100)')
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0],
+      epilog='Arguments after -- are passed to every run_local unchanged.')
+  parser.add_argument('--runs', nargs='+', default=['HalfCheetah-v5:ppo:0', 'Hopper-v5:ppo:0'],
+                      metavar='TASK:AGENT:SEED')
+  parser.add_argument('--env_steps', type=int, default=1_000_000, help='budget per run')
+  parser.add_argument('--actors', type=int, default=2)
+  parser.add_argument('--envs_per_actor', type=int, default=8)
+  parser.add_argument('--cap_s', type=float, default=1800.0,
+                      help='wall-clock cap per run (per launch when resumed)')
+  parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE')
+  parser.add_argument('--out', default='mujoco_learning', help='name of the outputs')
+  parser.add_argument('--smoke', action='store_true', help='one 30k-step run, 60 s cap')
+  argv, passthrough = harness.split_passthrough(sys.argv[1:])
+  args = parser.parse_args(argv)
+  if args.smoke:
+    args.env_steps, args.cap_s, args.out = 30_000, 60.0, 'mujoco_learning_smoke'
+    args.runs = ['HalfCheetah-v5:ppo:0']
+  base = os.path.join(harness.RESULTS, 'mujoco', args.out)
+  rows, curves, records, load_1m = [], {}, {}, {}
+  for spec in args.runs:
+    task, agent, seed = spec.split(':')
+    logdir = os.path.join(base, name := f'{task}_{agent}_s{seed}')
+    os.makedirs(logdir, exist_ok=True)
+    meta, meta_path = {'launches': []}, os.path.join(logdir, RUN_FILE)
+    if os.path.exists(meta_path):
+      with open(meta_path) as f:
+        meta = json.load(f)
+    summary = logdir_lib.read_summary(logdir)
+    done = bool(summary) and (summary.get('env_steps', 0) >= args.env_steps or
+                              (summary.get('stop') or {}).get('kind') == 'diverged')
+    if not done:
+      cmd = process.command(
+          ['mujoco', agent, str(args.actors), str(args.envs_per_actor), '--level', task,
+           '--max_env_steps', str(args.env_steps), '--max_seconds', str(args.cap_s),
+           '--seed', seed, *[f'--agent_config={c}' for c in args.agent_config],
+           *passthrough], rel(logdir))
+      print(f'mujoco_learning: {name}: ' + ' '.join(cmd[1:]), flush=True)
+      try:
+        meta['launches'].append(launch(cmd, logdir, args.cap_s, args.agent_config))
+      finally:
+        with open(meta_path, 'w') as f:
+          json.dump(meta, f, indent=1)
+      summary = logdir_lib.read_summary(logdir)
+    records[name] = logdir_lib.read_progress(logdir)
+    figures, curves[name] = analyse(records[name], summary)
+    last = meta['launches'][-1] if meta['launches'] else {}
+    load_1m[name] = {'before': last.get('load_1m_before'), 'after': last.get('load_1m_after')}
+    rows.append({'name': name, 'task': task, 'agent': agent, 'seed': int(seed),
+                 'logdir': rel(logdir), 'read_back': done,
+                 'wall_s': sum(x['wall_s'] for x in meta['launches']) or None,
+                 **figures, 'agent_config': last.get('agent_config'),
+                 'command': last.get('command'), 'launches': meta['launches']})
+    r = rows[-1]
+    print(f"mujoco_learning: {name} {'read back' if done else 'finished'}: "
+          f"{r['env_steps']:,} env steps in {r['run_s']:.0f}s ({r['stopped_because']}); "
+          + ', '.join(f"{k} {'-' if r[k] is None else round(r[k], 1)}" for k in
+                      ('final_average_return', 'best_average_return', 'eval_return_at_end')),
+          flush=True)
+    if not done and meta['launches'][-1]['interrupted']:
+      print('mujoco_learning: interrupted: the runs after this one are not started')
+      break
+  payload = {
+      'machine': harness.machine(), 'commit': git('rev-parse', 'HEAD'),
+      'worktree_dirty': bool(git('status', '--porcelain', '--untracked-files=no')),
+      'command': ' '.join([rel(sys.executable), rel(os.path.abspath(__file__)), *sys.argv[1:]]),
+      'settings': {**{k: getattr(args, k) for k in ('env_steps', 'actors', 'envs_per_actor',
+                   'cap_s', 'agent_config')}, 'passthrough': passthrough},
+      'load_1m': load_1m, 'runs': rows, 'curves': curves, 'summary': summarize(rows)}
+  paths = [harness.write_json(f'{args.out}.json', payload),
+           os.path.join(harness.RESULTS, f'{args.out}_curves.csv'),
+           os.path.join(harness.RESULTS, f'{args.out}.png')]
+  write_csv(paths[1], rows, records)
+  plot(paths[2], rows, curves)
+  if not args.smoke:  # the convention: bench/results, then copied to bench/published
+    paths = [shutil.copy(p, os.path.join(harness.REPO, 'bench', 'published')) for p in paths]
+  print()
+  harness.print_table(rows, ['task', 'agent', 'seed', 'env_steps', 'wall_s', 'stop_kind',
+      'final_average_return', 'best_average_return', 'eval_return_at_end', 'return_at_300k',
+      'return_at_1M', 'env_steps_per_s', 'learner_steps_per_s', 'mean_policy_lag'])
+  print()
+  harness.print_table(payload['summary'], [*payload['summary'][0]])
+  print('mujoco_learning: wrote ' + ', '.join(rel(p) for p in paths))
+  return 1 if any(r['stop_kind'] is None for r in rows) else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
