@@ -69,6 +69,16 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       help="central: SEED, one batched policy on the learner node for all "
                       "actors; actor: Acme's pattern, every actor runs its own network copy "
                       "and pulls parameters from the learner")
+  parser.add_argument('--inference_devices', default=None, metavar='DEVICES',
+                      help="central node's inference device: a name ('GPU:0') or a count "
+                           "(default: the first accelerator, else the CPU)")
+  parser.add_argument('--learner_devices', default=None, metavar='DEVICES',
+                      help="learner devices: names ('GPU:1,GPU:2') or a count; several "
+                           'run the learner data-parallel (default: the accelerators '
+                           'after the inference one, else the inference device)')
+  parser.add_argument('--logical_cpus', type=int, default=0,
+                      help='split the central node\'s CPU into N logical devices (to '
+                           'try placements on a CPU-only machine)')
   parser.add_argument('--transport', choices=('auto', 'courier', 'shm'), default='auto',
                       help="central inference requests from actors on the central node's "
                       "host: auto (shared memory; Courier between hosts), courier (always "
@@ -153,7 +163,8 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
-      transport=args.transport,
+      transport=args.transport, inference_devices=args.inference_devices,
+      learner_devices=args.learner_devices, logical_cpus=args.logical_cpus,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
       accelerator=accelerator)
   try:

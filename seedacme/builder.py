@@ -32,6 +32,9 @@ class SeedBuilder(abc.ABC):
   # Whether the agent serves continuous (bounded float) actions; every agent serves
   # discrete ones. `check_spec` refuses the others at start-up, never mid-run.
   continuous_actions: bool = False
+  # Whether the learner runs data-parallel over several devices
+  # (`seedacme.learner.replicas`); others refuse --learner_devices with more than one.
+  multi_device_learner: bool = False
 
   def check_spec(self, spec: EnvSpec) -> None:
     """Raises ValueError, naming the agent and the env's actions, if the agent cannot

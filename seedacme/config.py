@@ -56,6 +56,12 @@ class ProgramConfig:
       or the actor fails at attach). Courier stays the control plane either way.
     train: False runs acting only (no trajectories written, no learner steps): for
       measuring acting throughput without the learner as the bottleneck.
+    inference_devices, learner_devices: where the central node runs inference and
+      the learner: device names ('GPU:1', 'GPU:2,GPU:3') or counts ('2'); None: by
+      the accelerators TF sees (none or one: both together; more: inference on the
+      first, the learner data-parallel on the rest). `seedacme.runtime.placement`.
+    logical_cpus: split the central node's CPU into this many logical devices before
+      TF starts (0: no split): placements tested and tried on a CPU-only machine.
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -82,6 +88,9 @@ class ProgramConfig:
   train: bool = True
   transport: str = 'auto'
   accelerator: str | None = None
+  inference_devices: str | None = None
+  learner_devices: str | None = None
+  logical_cpus: int = 0
 
   @property
   def num_train_envs(self) -> int:

@@ -30,6 +30,7 @@ class R2D2Builder(builder_lib.SeedBuilder):
   """Wires R2D2 into a SEED program."""
 
   name = 'r2d2'
+  multi_device_learner = True
   table = 'r2d2_sequences'
 
   def __init__(self, config: R2D2Config = R2D2Config()):

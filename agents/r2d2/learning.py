@@ -11,6 +11,7 @@ import tensorflow as tf
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
 from seedacme.types import FIRST, LAST
+from seedacme.learner import replicas
 from seedacme.learner.base import Learner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 from seedacme.trajectories.reverb_errors import is_server_away, server_answers
@@ -71,7 +72,11 @@ class R2D2Learner(Learner):
     self.priority_updates = 0
     self.priority_updates_lost = 0
     self._priorities_failing = False
-    self._train = tf.function(self._train_step, experimental_relax_shapes=True)
+    self._devices = replicas.current()  # one device, or data-parallel over several
+    self._devices.build_optimizer(self._optimizer, network.trainable_variables)
+    self._train = tf.function(
+        lambda batch, weights: self._devices.run(self._train_step, batch, weights),
+        experimental_relax_shapes=True)
     self.update_target()
 
   def checkpoint_state(self) -> Dict[str, Any]:
@@ -83,11 +88,13 @@ class R2D2Learner(Learner):
       target.assign(source)
 
   def _train_step(self, batch, weights):
+    """One replica's part of the step (the whole step on one device); priorities per
+    sequence come back concatenated in batch order (`LearnerDevices.run`)."""
     with tf.GradientTape() as tape:
       loss, priorities, metrics = sequence_loss(self._network, self._target_network, batch,
                                                 weights, self._config)
     variables = self._network.trainable_variables
-    grads = tape.gradient(loss, variables)
+    grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if self._config.max_gradient_norm:
       grads, _ = tf.clip_by_global_norm(grads, self._config.max_gradient_norm)
     self._optimizer.apply(grads, variables)

@@ -24,6 +24,7 @@ class VTraceBuilder(builder_lib.SeedBuilder):
 
   name = 'vtrace'
   continuous_actions = True
+  multi_device_learner = True
   table = 'vtrace_unrolls'
 
   def __init__(self, config: VTraceConfig = VTraceConfig()):

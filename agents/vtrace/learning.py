@@ -10,6 +10,7 @@ import tree
 from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.types import FIRST, LAST
+from seedacme.learner import replicas
 from seedacme.learner.base import Learner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 
@@ -78,6 +79,8 @@ class VTraceLearner(Learner):
     self._batches = batches
     self._optimizer = optimizers.make_optimizer(config)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self._devices = replicas.current()  # one device, or data-parallel over several
+    self._devices.build_optimizer(self._optimizer, network.trainable_variables)
     self._train = tf.function(self._train_step, experimental_relax_shapes=True,
                               jit_compile=config.jit_compile)
 
@@ -95,10 +98,14 @@ class VTraceLearner(Learner):
       observation = time_major(batch['observation'])[:-1]
       normalizer.update(tf.reshape(tf.cast(observation, tf.float32), tf.concat(
           [[-1], tf.shape(observation)[2:]], 0)))
+    return self._devices.run(self._replica_step, batch)
+
+  def _replica_step(self, batch):
+    """One replica's part of the step (the whole step on one device)."""
     with tf.GradientTape() as tape:
       loss, metrics = unroll_loss(self._network, batch, self._config)
     variables = self._network.trainable_variables
-    grads = tape.gradient(loss, variables)
+    grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if self._config.max_gradient_norm:
       grads, norm = tf.clip_by_global_norm(grads, self._config.max_gradient_norm)
     else:

@@ -21,13 +21,16 @@ class LearnerLoop:
   """Steps `learner` until `stop` is set or `should_stop(steps)` says so."""
 
   def __init__(self, learner: Learner, stop: threading.Event, step_delay_s: float = 0.0,
-               should_stop: Callable[[int], bool] = lambda steps: False, steps: int = 0):
-    """`steps`: the step count to continue from (a resumed run)."""
+               should_stop: Callable[[int], bool] = lambda steps: False, steps: int = 0,
+               after_step: Callable[[], None] | None = None):
+    """`steps`: the step count to continue from (a resumed run); `after_step`: called
+    after every learner step (the inference copy of the variables, when separate)."""
     self.learner = learner
     self._stop = stop
     self._step_delay_s = step_delay_s
     self._should_stop = should_stop
     self.steps = steps
+    self._after_step = after_step
     self.metrics: Dict[str, float] = {}
     self.error: BaseException | None = None
     self.done = threading.Event()
@@ -50,6 +53,8 @@ class LearnerLoop:
                                 + ', '.join(f'{k}={metrics[k]}' for k in bad))
           self.steps += 1
           self.metrics = metrics
+          if self._after_step is not None:
+            self._after_step()
           if self._step_delay_s:
             self._stop.wait(self._step_delay_s)
     except BaseException as e:  # pylint: disable=broad-except

@@ -33,13 +33,16 @@ from seedacme.config import ProgramConfig
 from seedacme.learner.base import DivergedError
 from seedacme.learner.checkpointing import Checkpointer, export_policy
 from seedacme.learner.loop import LearnerLoop
+from seedacme.nodes.placed import place_networks
 from seedacme.nodes.report_intake import ReportIntake
 from seedacme.run.accounting import ActingLog
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
 from seedacme.runtime.devices import compute_device
+from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.serving.server import InferenceServer
+from seedacme.serving.tf_policy import inference_device
 from seedacme.serving.shm_server import ShmServer
 from seedacme.types import EnvSpec, Mode
 from seedacme.wire.protocol import InvalidRequestError
@@ -52,10 +55,11 @@ PROGRAM_STOP_WAIT_S = 60.0
 
 def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
                           config: ProgramConfig, replay: Any,
-                          acting: ActingLog) -> InferenceServer:
-  """Central inference: the agent's batched policy, its batch step compiled, serving
-  every actor and counting into `acting`."""
-  policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
+                          acting: ActingLog, device: str = '') -> InferenceServer:
+  """Central inference: the agent's batched policy, its batch step compiled (on
+  `device`), serving every actor and counting into `acting`."""
+  with inference_device(device):
+    policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
   sink = builder.make_trajectory_sink(replay, config.num_envs, spec) if config.train \
       else None
   server = InferenceServer(
@@ -82,22 +86,27 @@ class CentralNode:
     self._stop_program = stop_program
     self._stop = stop_event
     self._spec = spec
+    split_cpu(config.logical_cpus)  # before TF lists its devices
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
-    self._networks = builder.make_networks(spec)
+    placed = place_networks(builder, spec, config)
+    self.placement, learner_devices = placed.placement, placed.learner_devices
+    self._networks, self._inference_networks = placed.learner, placed.inference
+    self._policy_sync = placed.sync
     self._policy_variables = builder.policy_network(self._networks).variables
     self.acting = ActingLog()
     self.server: InferenceServer | None = None
     self.intake: ReportIntake | None = None
     self.shm: ShmServer | None = None
     if config.inference == 'central':
-      self.server = make_inference_server(builder, self._networks, spec, config, replay,
-                                          self.acting)
+      self.server = make_inference_server(builder, self._inference_networks, spec, config,
+                                          replay, self.acting, self.placement.inference)
       if config.transport != 'courier':
         self.shm = ShmServer(self.server, spec, config.num_envs)
     else:
       self.intake = ReportIntake(self.acting, config.envs_per_actor)
     serving = self.server if self.server is not None else self.intake
-    self.learner = builder.make_learner(self._networks, replay, spec)
+    with learner_devices.activate():
+      self.learner = builder.make_learner(self._networks, replay, spec)
     self.monitor = RunMonitor(config, self.acting, serving, replay)
     self.learner_steps = 0  # restored on resume; the learner loop continues from it
     self._checkpointer = None
@@ -185,7 +194,7 @@ class CentralNode:
         self.learner, self._stop, c.learner_step_delay_s,
         should_stop=lambda steps: (self.stop_reason is not None
                                    or self.monitor.learner_budget(steps) is not None),
-        steps=self.learner_steps)
+        steps=self.learner_steps, after_step=self._policy_sync)
     if c.train:
       loop.start()
     next_progress = time.monotonic() + c.progress_interval_s

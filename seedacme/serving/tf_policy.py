@@ -25,6 +25,8 @@ remaining time sits on.
 """
 
 import abc
+import contextlib
+import threading
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
@@ -38,8 +40,26 @@ from seedacme.types import Nest
 
 
 
+_placed = threading.local()
+
+
+@contextlib.contextmanager
+def inference_device(device: str):
+  """Policies made inside (that are not given a device) run on `device` ('' : the
+  default): how the central node places inference without every builder passing it."""
+  previous = getattr(_placed, 'device', '')
+  _placed.device = device
+  try:
+    yield
+  finally:
+    _placed.device = previous
+
+
 def default_device() -> str:
-  """The accelerator for inference if there is one, else the CPU."""
+  """The device `inference_device` set, else the accelerator if there is one, else
+  the CPU."""
+  if getattr(_placed, 'device', ''):
+    return _placed.device
   for kind in ('TPU', 'GPU'):
     if tf.config.list_logical_devices(kind):
       return f'/{kind}:0'
@@ -93,6 +113,10 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
     self._spec = spec
     self.num_envs = num_envs
     self.device = device or default_device()
+    # Calls run where the state lives: on a device other than the first CPU (a placed
+    # inference device) the call is pinned there, or XLA compiles it for CPU:0.
+    self._pin = (contextlib.nullcontext if self.device in ('/CPU:0', '/device:CPU:0')
+                 else lambda: tf.device(self.device))
     self.buckets = bucket_sizes(num_envs)
     self.traces = 0  # batch-step traces: one per bucket used, never more
     with tf.device(self.device):
@@ -151,10 +175,11 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
     """Traces and XLA-compiles the buckets of these batch sizes (an all-reset step of
     the scratch row only: no env's state changes)."""
     for bucket in sorted({self._bucket(b) for b in batch_sizes}):
-      self._call_for(bucket)(
-          np.full(bucket, self.num_envs, np.int32),
-          np.zeros((bucket,) + tuple(self._spec.observation_shape), self._spec.dtype),
-          np.ones(bucket, bool), np.ones(bucket, bool))
+      with self._pin():
+        self._call_for(bucket)(
+            np.full(bucket, self.num_envs, np.int32),
+            np.zeros((bucket,) + tuple(self._spec.observation_shape), self._spec.dtype),
+            np.ones(bucket, bool), np.ones(bucket, bool))
 
   def step(self, env_ids: np.ndarray, observation: np.ndarray, reset: np.ndarray,
            eval_mask: np.ndarray) -> PolicyStep:
@@ -170,7 +195,8 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
           [observation, np.zeros((pad,) + observation.shape[1:], observation.dtype)])
       reset = np.concatenate([reset, np.ones(pad, bool)])
       eval_mask = np.concatenate([eval_mask, np.ones(pad, bool)])
-    outputs = self._call_for(bucket)(ids, observation, reset, eval_mask)
+    with self._pin():
+      outputs = self._call_for(bucket)(ids, observation, reset, eval_mask)
     outputs = [o.numpy()[:size] for o in outputs]
     # No action reaches an env unchecked: a diverged network's NaN, or an action head
     # that leaves the bounds, stops the run with this error (InferenceServer).

@@ -100,6 +100,17 @@ def test_accelerator_choices(capsys, accelerator):
   assert all(p['requirements'] == [vertex.LOCK] for p in plan['worker_pools'])
 
 
+def test_the_learner_pool_gets_accelerator_count_gpus(capsys):
+  code, plan = _dry_run_json(capsys, 'atari', 'vtrace', '8', '--accelerator', 'V100',
+                             '--accelerator_count', '2')
+  assert code == 0, plan['errors']
+  [learner] = [p for p in plan['worker_pools'] if 'learner' in p['groups']]
+  assert learner['hardware']['accelerator_count'] == 2
+  assert vertex.main(['atari', 'vtrace', '8', '--accelerator', 'V100',
+                      '--accelerator_count', '2', '--dry_run']) == 0
+  assert '+ 2 x V100' in capsys.readouterr().out
+
+
 def test_the_gpu_requirements_pin_every_library_tensorflow_loads():
   from seedacme.runtime import cuda_libs  # pylint: disable=g-import-not-at-top
   with open(vertex.GPU_REQUIREMENTS) as f:
