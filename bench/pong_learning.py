@@ -160,11 +160,17 @@ def measure_ceiling(program: Dict[str, Any], seconds: float) -> Dict[str, Any]:
           'env_steps_per_s': steps_per_s, 'frames_per_s': steps_per_s * FRAMES_PER_STEP}
 
 
+def _agent_suffix(agent: str) -> str:
+  """'' for V-trace (the published file's name before other agents), else '_<agent>'."""
+  return '' if agent == 'vtrace' else f'_{agent}'
+
+
 def finish(result: Dict[str, Any], smoke: bool) -> int:
   """Adds the curves and the ceiling ratio, writes the JSONs and prints the outcome."""
   logdir = result['logdir']
   try:
-    result['curves'] = write_curves(logdir, title=f"V-trace on {result['game']}")
+    result['curves'] = write_curves(
+        logdir, title=f"{result.get('agent', 'vtrace')} on {result['game']}")
   except Exception as e:  # pylint: disable=broad-except
     result['curves'] = f'could not write the curves: {e}'
   fps, ceiling = result['frames_per_s'], result['env_ceiling']['frames_per_s']
@@ -172,7 +178,8 @@ def finish(result: Dict[str, Any], smoke: bool) -> int:
   for path in (os.path.join(logdir, 'learning_summary.json'),
                os.path.join(REPO, 'bench', 'results',
                             'pong_learning_smoke.json' if smoke
-                            else f"{result['game'].lower()}_learning.json")):
+                            else f"{result['game'].lower()}_learning"
+                            f"{_agent_suffix(result.get('agent', 'vtrace'))}.json")):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump(result, f, indent=1)
@@ -219,6 +226,7 @@ def main() -> int:
       description=__doc__.split('\n')[0],
       epilog='Arguments after -- are passed to run_local unchanged.')
   parser.add_argument('--game', default='Pong')
+  parser.add_argument('--agent', default='vtrace', help="the agent ('vtrace', 'ppo', ...)")
   parser.add_argument('--hours', type=float, default=3.0, help='time budget of the run')
   parser.add_argument('--target_return', type=float, default=18.0,
                       help='stop once the training average (last 100 episodes) reaches this')
@@ -245,7 +253,8 @@ def main() -> int:
     args.hours, args.baseline_episodes, args.eval_interval_s = 90 / 3600, 16, 30.0
     args.ceiling_seconds = 5.0
   logdir = os.path.abspath(args.logdir or os.path.join(
-      REPO, 'runs', f'{args.game.lower()}_learning_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
+      REPO, 'runs', f'{args.game.lower()}_learning{_agent_suffix(args.agent)}_'
+      f'{datetime.datetime.now():%Y%m%d_%H%M%S}'))
 
   print(f'baseline: random actions on {args.game} until {args.baseline_episodes} episodes '
         'ended', flush=True)
@@ -254,7 +263,7 @@ def main() -> int:
         f"({baseline['episodes']} episodes, {baseline['seconds']:.0f}s; published "
         f"random {baseline['published_random']})", flush=True)
 
-  cmd = [sys.executable, '-m', 'seedacme.launchers.local', 'atari', 'vtrace',
+  cmd = [sys.executable, '-m', 'seedacme.launchers.local', 'atari', args.agent,
          str(args.num_actors), str(args.envs_per_actor), '--game', args.game,
          '--env_engine', args.env_engine, '--max_seconds', str(args.hours * 3600),
          '--eval_interval_s', str(args.eval_interval_s),
@@ -269,7 +278,7 @@ def main() -> int:
 
   program = {'game': args.game, 'num_actors': args.num_actors,
              'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
-  result = {'game': args.game, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
+  result = {'game': args.game, 'agent': args.agent, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
             'program': program, 'random_baseline': baseline,
             **summarize(logdir, wall_s, returncode)}
   result['env_ceiling'] = measure_ceiling(program, args.ceiling_seconds)

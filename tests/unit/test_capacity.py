@@ -6,8 +6,8 @@ the number its comment names in bench/published/ (recomputed here, so a re-run b
 that moves a number fails until the default follows); resources never hurt (more cores,
 an accelerator, more actors) and costs never help; and each row of this machine's acting
 runs the module claims is within the tolerance it reports, while the row it does not
-claim really misses. Bazel's runfiles carry the package and tests/unit only, not bench/,
-so there the module skips.
+claim really misses. Bazel ships bench/capacity.py and the published JSONs with the unit
+tests (BUILD, `unit_test_support`); a tree without them skips.
 """
 
 import dataclasses
