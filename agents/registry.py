@@ -141,6 +141,15 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 
+# SAC (agents/sac): MuJoCo only (continuous actions). CleanRL's settings: 256-256 MLPs,
+# batch 256, one gradient step per env step (samples_per_insert 256), 5k transitions
+# before learning.
+_SAC_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    'mujoco': dict(hidden_sizes=(256, 256), batch_size=256, samples_per_insert=256.0,
+                   min_replay_size=5_000, replay_size=1_000_000),
+}
+
+
 # V-trace with few envs: a learner batch needs `batch_size` whole unrolls, so with two
 # envs a batch of 32 unrolls of 20 steps waits for 640 env steps, and the policy lag
 # grows with it. Below this many unrolls per training env the batch shrinks to
@@ -181,5 +190,7 @@ register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
                           fit=_fit_vtrace_batch))
 register_agent(AgentEntry('ppo', 'seedacme.agents.ppo:PPOBuilder',
                           'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS))
+register_agent(AgentEntry('sac', 'seedacme.agents.sac:SACBuilder',
+                          'seedacme.agents.sac:SACConfig', _SAC_DEFAULTS))
 register_agent(AgentEntry('r2d2', 'seedacme.agents.r2d2:R2D2Builder',
                           'seedacme.agents.r2d2:R2D2Config', _R2D2_DEFAULTS))

@@ -144,7 +144,7 @@ class NormalHead(ActionHead):
   def __init__(self, spec: EnvSpec, squash: str = 'tanh', init_log_std: float = 0.0,
                mean_init_scale: float = 0.01,
                log_std_range: Tuple[float, float] = (-20.0, 2.0),
-               name: str = 'normal_head'):
+               state_dependent_std: bool = False, name: str = 'normal_head'):
     super().__init__(name=name)
     if not spec.continuous:
       raise ValueError(f'NormalHead needs continuous actions; the env takes '
@@ -157,8 +157,12 @@ class NormalHead(ActionHead):
     self.log_std_range = (float(log_std_range[0]), float(log_std_range[1]))
     self._mean = snt.Linear(size, w_init=snt.initializers.Orthogonal(gain=mean_init_scale),
                             name='mean')
-    self.log_std = tf.Variable(tf.fill([size], tf.constant(init_log_std, tf.float32)),
-                               trainable=True, name='log_std')
+    # SAC's std depends on the state (a second Linear, squashed into `log_std_range`);
+    # PPO's is one trainable vector.
+    self._log_std_layer = snt.Linear(size, name='log_std') if state_dependent_std else None
+    self.log_std = None if state_dependent_std else tf.Variable(
+        tf.fill([size], tf.constant(init_log_std, tf.float32)), trainable=True,
+        name='log_std')
     low, high = _float32_bounds(spec)
     self._low, self._high = tf.constant(low), tf.constant(high)
     span = (np.asarray(spec.action_maximum, np.float64) -
@@ -174,7 +178,11 @@ class NormalHead(ActionHead):
 
   def __call__(self, features: tf.Tensor) -> Params:
     mean = self._mean(features)
-    log_std = tf.clip_by_value(self.log_std, *self.log_std_range)
+    low, high = self.log_std_range
+    if self._log_std_layer is not None:
+      squashed = tf.tanh(self._log_std_layer(features))
+      return {'mean': mean, 'log_std': low + 0.5 * (high - low) * (squashed + 1.0)}
+    log_std = tf.clip_by_value(self.log_std, low, high)
     return {'mean': mean, 'log_std': tf.zeros_like(mean) + log_std}
 
   def sample(self, params: Params, rng: tf.random.Generator) -> tf.Tensor:

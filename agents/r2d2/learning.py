@@ -73,7 +73,7 @@ class R2D2Learner(Learner):
     self.priority_updates_lost = 0
     self._priorities_failing = False
     self._devices = replicas.current()  # one device, or data-parallel over several
-    self._devices.build_optimizer(self._optimizer, network.trainable_variables)
+    self._devices.build_optimizer(self._optimizer, network)
     self._train = tf.function(
         lambda batch, weights: self._devices.run(self._train_step, batch, weights),
         experimental_relax_shapes=True)

@@ -80,7 +80,7 @@ class VTraceLearner(Learner):
     self._optimizer = optimizers.make_optimizer(config)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._devices = replicas.current()  # one device, or data-parallel over several
-    self._devices.build_optimizer(self._optimizer, network.trainable_variables)
+    self._devices.build_optimizer(self._optimizer, network)
     self._train = tf.function(self._train_step, experimental_relax_shapes=True,
                               jit_compile=config.jit_compile)
 

@@ -62,8 +62,9 @@ class LearnerDevices:
     finally:
       _local.devices = previous
 
-  def build_optimizer(self, optimizer: snt.Optimizer, variables: Sequence[tf.Variable]):
-    """Creates a Sonnet optimizer's slots now, eagerly, on these devices. Created in a
+  def build_optimizer(self, optimizer: snt.Optimizer, module: snt.Module):
+    """Creates a Sonnet optimizer's slots for `module`'s trainable variables now,
+    eagerly, on these devices (one device: nothing to do). Created in a
     traced step instead (its first `apply`), the replicas' copies cannot be
     initialized (TF 2.8: `UnliftableError` when the step is traced ahead, `warm_up`)."""
     if self.strategy is None:
@@ -73,7 +74,7 @@ class LearnerDevices:
       raise TypeError(f'{type(optimizer).__name__} has no _initialize: cannot create its '
                       'slots before a multi-device step')
     with self.strategy.scope():
-      initialize(list(variables))
+      initialize(list(module.trainable_variables))
 
   def run(self, fn: Callable[..., Any], *args) -> Any:
     """`fn(*args)` on one device, or on each replica with its part of `args` (split

@@ -1,0 +1,102 @@
+"""SAC's builder: a uniform Reverb replay of (n+1)-step items with a sample-to-insert
+limiter, the actor as the served policy, the SAC learner."""
+
+from typing import Any, Dict, List, Tuple
+
+import reverb
+import tensorflow as tf
+
+from seedacme import builder as builder_lib
+from seedacme.agents.sac import acting, learning, networks
+from seedacme.agents.sac.config import SACConfig
+from seedacme.trajectories.datasets import ReverbBatches
+from seedacme.trajectories.sink import ReverbSequenceSink
+from seedacme.types import EnvSpec, Nest
+
+_FIELDS = ('observation', 'reward', 'discount', 'step_type')
+
+
+class SACBuilder(builder_lib.SeedBuilder):
+  """Wires SAC into a SEED program (continuous actions only)."""
+
+  name = 'sac'
+  table = 'sac_transitions'
+  continuous_actions = True
+
+  def __init__(self, config: SACConfig = SACConfig()):
+    self.config = config
+
+  def check_spec(self, spec: EnvSpec) -> None:
+    if not spec.continuous:
+      raise ValueError(f'agent {self.name!r} cannot serve this env: it has '
+                       f'{spec.describe_actions()}, and sac acts on continuous actions '
+                       'only (vtrace, r2d2 and ppo serve discrete ones)')
+
+  @property
+  def item_steps(self) -> int:
+    return self.config.n_step + 1
+
+  @property
+  def replay_checkpoint_interval_s(self) -> float | None:
+    return self.config.replay_checkpoint_interval_s
+
+  def replay_capacity(self) -> Tuple[int, int]:
+    return self.config.replay_size, self.item_steps
+
+  def item_signature(self, spec: EnvSpec) -> Dict[str, Any]:
+    n = self.item_steps
+    size = int(spec.action_size)
+    return {
+        'observation': tf.TensorSpec((n,) + spec.observation_shape, tf.as_dtype(spec.dtype)),
+        'reward': tf.TensorSpec((n,), tf.float32),
+        'discount': tf.TensorSpec((n,), tf.float32),
+        'step_type': tf.TensorSpec((n,), tf.int8),
+        'raw_action': tf.TensorSpec((n, size), tf.float32),
+    }
+
+  def make_replay_tables(self, spec: EnvSpec) -> List[reverb.Table]:
+    c = self.config
+    if c.samples_per_insert is None:
+      limiter = reverb.rate_limiters.MinSize(c.min_replay_size)
+    else:
+      limiter = reverb.rate_limiters.SampleToInsertRatio(
+          samples_per_insert=c.samples_per_insert, min_size_to_sample=c.min_replay_size,
+          error_buffer=max(10 * c.batch_size, c.min_replay_size * c.samples_per_insert))
+    return [reverb.Table(name=self.table, sampler=reverb.selectors.Uniform(),
+                         remover=reverb.selectors.Fifo(), max_size=c.replay_size,
+                         rate_limiter=limiter, signature=self.item_signature(spec))]
+
+  def make_networks(self, spec: EnvSpec) -> networks.SACNetworks:
+    nets = networks.SACNetworks(spec, self.config)
+    nets.create_variables(spec)
+    return nets
+
+  def policy_network(self, networks_: networks.SACNetworks):
+    return networks_.actor
+
+  def make_policy(self, networks_, spec: EnvSpec, num_train_envs: int,
+                  num_envs: int) -> acting.SACPolicy:
+    del num_train_envs
+    return acting.SACPolicy(networks_.actor, spec, num_envs, seed=self.config.seed)
+
+  @staticmethod
+  def _to_items(sequences: Nest) -> List[Tuple[float, Dict[str, Any]]]:
+    n = sequences['step_type'].shape[0]
+    items = []
+    for i in range(n):
+      item = {k: sequences[k][i] for k in _FIELDS}
+      item['raw_action'] = sequences['extras']['raw_action'][i]
+      items.append((1.0, item))
+    return items
+
+  def make_trajectory_sink(self, replay_client, num_envs: int,
+                           spec: EnvSpec) -> ReverbSequenceSink:
+    del spec
+    return ReverbSequenceSink(replay_client, self.table, num_envs, length=self.item_steps,
+                              period=1, to_items=self._to_items)
+
+  def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.SACLearner:
+    batches = ReverbBatches(replay_client.server_address, self.table,
+                            self.config.batch_size)
+    return learning.SACLearner(networks_, self.config, batches,
+                               item_signature=self.item_signature(spec))
