@@ -1,7 +1,7 @@
 """Real programs for PPO, continuous control and split device placement.
 
-PPO solves CartPole (greedy evaluator); PPO and V-trace run MuJoCo's HalfCheetah with
-continuous actions end to end (shared memory, the action head, bounds checked on the
+PPO solves CartPole (greedy evaluator); PPO runs MuJoCo's HalfCheetah with continuous
+actions end to end (shared memory, the action head, bounds checked on the
 server); V-trace learns Catch with inference on one logical CPU and the learner
 data-parallel over two others.
 """
@@ -25,9 +25,10 @@ def test_ppo_solves_cartpole_greedy(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize('agent', ['ppo', 'vtrace'])
-def test_continuous_control_runs_end_to_end(tmp_path, agent):
-  run = Run(['mujoco', agent, '2', '4', '--level', 'HalfCheetah-v5', '--max_seconds', '45',
+def test_continuous_control_runs_end_to_end(tmp_path):
+  # PPO here; V-trace's continuous path and SAC's are tested in one process
+  # (tests/unit/test_ppo.py, test_sac.py; agents/vtrace through the same head).
+  run = Run(['mujoco', 'ppo', '2', '4', '--level', 'HalfCheetah-v5', '--max_seconds', '40',
              '--num_eval_envs', '2'], str(tmp_path))
   run.complete(240)
   summary = run.json('summary.json')
