@@ -17,11 +17,11 @@ knows nothing about V-trace or R2D2. The contract's parts live with their roles
 """
 
 import abc
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from seedacme.learner.base import Learner
 from seedacme.serving.policy import ServerPolicy
-from seedacme.trajectories.sink import TrajectorySink
+from seedacme.trajectories.sink import ReverbSequenceSink, TrajectorySink
 from seedacme.types import EnvSpec
 
 
@@ -84,3 +84,93 @@ class SeedBuilder(abc.ABC):
   def policy_network(self, networks: Any) -> Any:
     """The network the policy acts with (exported as a SavedModel)."""
     return networks
+
+
+class UnrollQueueBuilder(SeedBuilder):
+  """What the on-policy agents (V-trace, PPO) share: a Reverb queue of unrolls.
+
+  Each item is one env's T + 1 consecutive steps (T transitions plus the bootstrap
+  step; consecutive unrolls overlap by one step), with what the policy stored per step
+  (`extras_signature`) and, for recurrent networks, the state the unroll started
+  from. A full queue blocks inference: that bounds the policy lag and the memory.
+  Subclasses give `_network(spec)`, `extras_signature`, `make_policy` and
+  `make_learner`; their config has `unroll_length` and `queue_size`.
+  """
+
+  table = 'unrolls'
+  # Items the trajectory writer may hold while the queue is full (its own bound).
+  writer_pending = 64
+
+  def __init__(self, config: Any):
+    self.config = config
+
+  @property
+  def unroll_steps(self) -> int:
+    """Steps stored per unroll: T transitions plus the bootstrap step."""
+    return self.config.unroll_length + 1
+
+  def replay_capacity(self) -> Tuple[int, int]:
+    return self.config.queue_size, self.unroll_steps
+
+  def _network(self, spec: EnvSpec) -> Any:
+    raise NotImplementedError
+
+  def extras_signature(self, spec: EnvSpec, network: Any) -> Dict[str, Any]:
+    """Per-step specs of what the policy stores besides the action (no time axis)."""
+    raise NotImplementedError
+
+  def item_signature(self, spec: EnvSpec) -> Dict[str, Any]:
+    """`tf.TensorSpec`s of one Reverb item (an unroll)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tree  # pylint: disable=g-import-not-at-top
+    n = self.unroll_steps
+    network = self._network(spec)
+    signature = {
+        'observation': tf.TensorSpec((n,) + spec.observation_shape, tf.as_dtype(spec.dtype)),
+        'reward': tf.TensorSpec((n,), tf.float32),
+        'discount': tf.TensorSpec((n,), tf.float32),
+        'step_type': tf.TensorSpec((n,), tf.int8),
+        'action': tf.TensorSpec((n,) + tuple(spec.action_shape),
+                                tf.as_dtype(spec.action_dtype)),
+    }
+    for name, s in self.extras_signature(spec, network).items():
+      signature[name] = tf.TensorSpec((n,) + tuple(s.shape), s.dtype)
+    state = network.initial_state(1)
+    if tree.flatten(state):
+      signature['initial_state'] = tree.map_structure(
+          lambda x: tf.TensorSpec(x.shape[1:], x.dtype), state)
+    return signature
+
+  def make_replay_tables(self, spec: EnvSpec) -> List[Any]:
+    import reverb  # pylint: disable=g-import-not-at-top
+    return [reverb.Table.queue(self.table, max_size=self.config.queue_size,
+                               signature=self.item_signature(spec))]
+
+  def make_networks(self, spec: EnvSpec) -> Any:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    network = self._network(spec)
+    dummy = np.zeros((1,) + spec.observation_shape, spec.dtype)
+    network(tf.constant(dummy), network.initial_state(1))  # Create the variables now.
+    return network
+
+  @staticmethod
+  def unroll_items(sequences: Any) -> List[Tuple[float, Dict[str, Any]]]:
+    """Unrolls as Reverb items; a queue ignores priorities, so all are 1."""
+    import tree  # pylint: disable=g-import-not-at-top
+    state_leaves = tree.flatten(sequences['state'])
+    items = []
+    for i in range(sequences['action'].shape[0]):
+      item = {k: sequences[k][i] for k in ('observation', 'reward', 'discount',
+                                           'step_type', 'action')}
+      item.update({k: v[i] for k, v in sequences['extras'].items()})
+      if state_leaves:
+        item['initial_state'] = tree.map_structure(lambda x, i=i: x[i, 0], sequences['state'])
+      items.append((1.0, item))
+    return items
+
+  def make_trajectory_sink(self, replay_client, num_envs: int, spec: EnvSpec):
+    del spec
+    return ReverbSequenceSink(replay_client, self.table, num_envs, length=self.unroll_steps,
+                              period=self.config.unroll_length, to_items=self.unroll_items,
+                              max_pending=self.writer_pending)
