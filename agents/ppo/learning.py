@@ -27,7 +27,7 @@ import tree
 
 from seedacme.agents.ppo import losses
 from seedacme.agents.ppo.config import PPOConfig
-from seedacme.learner.base import DivergedError, Learner
+from seedacme.learner.base import BatchLearner, DivergedError
 from seedacme.normalization import RunningNormalizer
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 from seedacme.types import FIRST, LAST
@@ -52,7 +52,7 @@ def _flat2(x: tf.Tensor) -> tf.Tensor:
   return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
 
 
-class PPOLearner(Learner):
+class PPOLearner(BatchLearner):
   """Clipped-surrogate PPO on unrolls from the queue; shares `network` with inference."""
 
   def __init__(self, network: snt.Module, config: PPOConfig,
@@ -248,13 +248,3 @@ class PPOLearner(Learner):
     out.update(policy_lag=float(lag.mean()), policy_lag_max=float(lag.max()),
                learning_rate=float(self._learning_rate.numpy()))
     return out
-
-  def step(self) -> Dict[str, float] | None:
-    batch = self._batches.next()
-    if batch is None:
-      return None
-    return self.train_on(batch)
-
-  def close(self) -> None:
-    if self._batches is not None:
-      self._batches.close()

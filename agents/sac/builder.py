@@ -10,6 +10,7 @@ from seedacme import builder as builder_lib
 from seedacme.agents.sac import acting, learning, networks
 from seedacme.agents.sac.config import SACConfig
 from seedacme.trajectories.datasets import ReverbBatches
+from seedacme.trajectories.limits import rate_limiter
 from seedacme.trajectories.sink import ReverbSequenceSink
 from seedacme.types import EnvSpec, Nest
 
@@ -56,12 +57,7 @@ class SACBuilder(builder_lib.SeedBuilder):
 
   def make_replay_tables(self, spec: EnvSpec) -> List[reverb.Table]:
     c = self.config
-    if c.samples_per_insert is None:
-      limiter = reverb.rate_limiters.MinSize(c.min_replay_size)
-    else:
-      limiter = reverb.rate_limiters.SampleToInsertRatio(
-          samples_per_insert=c.samples_per_insert, min_size_to_sample=c.min_replay_size,
-          error_buffer=max(10 * c.batch_size, c.min_replay_size * c.samples_per_insert))
+    limiter = rate_limiter(c.samples_per_insert, c.min_replay_size, c.batch_size)
     return [reverb.Table(name=self.table, sampler=reverb.selectors.Uniform(),
                          remover=reverb.selectors.Fifo(), max_size=c.replay_size,
                          rate_limiter=limiter, signature=self.item_signature(spec))]

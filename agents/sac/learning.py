@@ -24,7 +24,7 @@ import tensorflow as tf
 from seedacme.agents.sac import losses
 from seedacme.agents.sac.config import SACConfig
 from seedacme.agents.sac.networks import SACNetworks
-from seedacme.learner.base import Learner
+from seedacme.learner.base import BatchLearner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs
 from seedacme.types import LAST
 
@@ -50,7 +50,7 @@ def n_step_transitions(batch: Dict[str, tf.Tensor], n: int, gamma: float):
   return alive[:, 0] > 0, reward_sum, bootstrap, steps
 
 
-class SACLearner(Learner):
+class SACLearner(BatchLearner):
   """SAC on uniform replay; the actor is the policy the server runs."""
 
   def __init__(self, networks: SACNetworks, config: SACConfig,
@@ -143,13 +143,3 @@ class SACLearner(Learner):
   def train_on(self, batch) -> Dict[str, float]:
     """One SAC step on a given batch (used by `step` and by tests)."""
     return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}
-
-  def step(self) -> Dict[str, float] | None:
-    batch = self._batches.next()
-    if batch is None:
-      return None
-    return self.train_on(batch)
-
-  def close(self) -> None:
-    if self._batches is not None:
-      self._batches.close()

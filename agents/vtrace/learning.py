@@ -11,7 +11,7 @@ from seedacme.agents.vtrace import losses, optimizers
 from seedacme.agents.vtrace.config import VTraceConfig
 from seedacme.types import FIRST, LAST
 from seedacme.learner import replicas
-from seedacme.learner.base import Learner
+from seedacme.learner.base import BatchLearner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 
 
@@ -66,7 +66,7 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
       clip_c_threshold=config.clip_c_threshold)
 
 
-class VTraceLearner(Learner):
+class VTraceLearner(BatchLearner):
   """SGD on V-trace unrolls; shares `network` with the inference server."""
 
   def __init__(self, network: snt.Module, config: VTraceConfig,
@@ -124,13 +124,3 @@ class VTraceLearner(Learner):
   def train_on(self, batch) -> Dict[str, float]:
     """One SGD step on a given batch (used by `step` and by tests)."""
     return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}
-
-  def step(self) -> Dict[str, float] | None:
-    batch = self._batches.next()
-    if batch is None:
-      return None
-    return self.train_on(batch)
-
-  def close(self) -> None:
-    if self._batches is not None:
-      self._batches.close()

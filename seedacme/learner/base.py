@@ -38,3 +38,24 @@ class Learner(abc.ABC):
 
   def close(self) -> None:
     """Releases datasets and threads."""
+
+
+class BatchLearner(Learner):
+  """A learner that trains on one batch at a time from `self._batches`
+  (`seedacme.trajectories.datasets.ReverbBatches`, or None when fed by hand)."""
+
+  _batches: Any = None
+
+  @abc.abstractmethod
+  def train_on(self, batch) -> Dict[str, float]:
+    """One learner step on a given batch (used by `step` and by tests)."""
+
+  def step(self) -> Dict[str, float] | None:
+    batch = self._batches.next()
+    if batch is None:
+      return None
+    return self.train_on(batch)
+
+  def close(self) -> None:
+    if self._batches is not None:
+      self._batches.close()
