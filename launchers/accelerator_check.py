@@ -175,11 +175,20 @@ def _on(device_kind: str, tensor_device: str) -> bool:
 # ---- Cases, batches, learners ---------------------------------------------------------
 
 def cases(agents: Sequence[str]) -> List[Case]:
-  """CartPole's spec for every agent; Atari's Nature CNN for V-trace and PPO."""
+  """CartPole's spec for every agent that serves discrete actions (a HalfCheetah-shaped
+  continuous spec for the others, SAC); Atari's Nature CNN for V-trace and PPO."""
   from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   cheap = envs.env_spec_of(envs.make_factory(CHEAP_ENV)(0))
+  continuous = envs.EnvSpec((17,), 'float32', 0, (6,), (-1.0,) * 6, (1.0,) * 6)
   atari = envs.EnvSpec((84, 84, 4), 'uint8', 6)
-  out = [Case(a, CHEAP_ENV, cheap) for a in agents]
+  out = []
+  for a in agents:
+    try:
+      registry.make_builder(a, CHEAP_ENV).check_spec(cheap)
+      out.append(Case(a, CHEAP_ENV, cheap))
+    except ValueError:  # continuous actions only
+      out.append(Case(a, 'mujoco', continuous))
   out += [Case(a, 'atari', atari) for a in agents if a in ATARI_AGENTS]
   return out
 
@@ -238,17 +247,29 @@ def _r2d2_learner(builder, networks, signature):
   return learner, lambda batch: learner.train_on(info, batch)
 
 
+def _sac_learner(builder, networks, signature):
+  from seedacme.agents.sac.learning import SACLearner  # pylint: disable=g-import-not-at-top
+  learner = SACLearner(networks, builder.config, None, item_signature=signature)
+
+  def train(batch):
+    metrics = learner.train_on(batch)
+    return {'loss': metrics['critic_loss'] + metrics['actor_loss'], **metrics}
+  return learner, train
+
+
 # agent -> (builder, networks, item signature) -> (learner, train(batch) -> metrics)
 LEARNERS: Dict[str, Callable[..., Tuple[Any, Callable[[Any], Dict[str, float]]]]] = {
     'vtrace': _vtrace_learner,
     'ppo': _ppo_learner,
     'r2d2': _r2d2_learner,
+    'sac': _sac_learner,
 }
 
 
 def _transitions_per_item(config) -> int:
   """Steps a learner trains on per item (V-trace/PPO: the unroll; R2D2: the trace)."""
-  return getattr(config, 'unroll_length', None) or config.trace_length
+  return (getattr(config, 'unroll_length', None) or getattr(config, 'trace_length', None)
+          or 1)  # SAC: one transition per item
 
 
 def _variables(learner) -> List[Any]:
