@@ -16,6 +16,7 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
 
   name = 'ppo'
   continuous_actions = True
+  multi_device_learner = True
   table = 'ppo_unrolls'
   # Items the trajectory writer may hold while the queue is full. The writer's default
   # (64) was PPO's policy lag: on HalfCheetah (16 envs) unrolls waited 11-12 learner

@@ -27,6 +27,7 @@ import tree
 
 from seedacme.agents.ppo import losses
 from seedacme.agents.ppo.config import PPOConfig
+from seedacme.learner import replicas
 from seedacme.learner.base import BatchLearner, DivergedError
 from seedacme.normalization import RunningNormalizer
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
@@ -74,6 +75,14 @@ class PPOLearner(BatchLearner):
     self._advantages_fn = tf.function(self._advantages, experimental_relax_shapes=True)
     self._grads_fn = tf.function(self._grads, experimental_relax_shapes=True)
     self._apply_fn = tf.function(self._apply)
+    # Several learner devices: each takes its share of a minibatch's indices, and the
+    # (all-reduced) update is applied in the same call, only if it is finite.
+    self._devices = replicas.current()
+    self._devices.build_optimizer(self._optimizer, network)
+    self._replicated_fn = tf.function(
+        lambda data, indices: self._devices.run(self._replica_update, indices,
+                                                shared=(data,)),
+        experimental_relax_shapes=True)
     self.last_unroll_uses: np.ndarray | None = None  # per unroll, epochs it trained on
 
   @property
@@ -175,7 +184,7 @@ class PPOLearner(BatchLearner):
           mb['returns'], entropy, mb['mask'], clip_epsilon=c.clip_epsilon,
           value_clip=c.value_clip, baseline_cost=c.baseline_cost,
           entropy_cost=c.entropy_cost)
-    grads = tape.gradient(loss, variables)
+    grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if c.max_gradient_norm:
       grads, norm = tf.clip_by_global_norm(grads, c.max_gradient_norm)
     else:
@@ -185,6 +194,19 @@ class PPOLearner(BatchLearner):
 
   def _apply(self, grads):
     self._optimizer.apply(grads, self._network.trainable_variables)
+
+  def _replica_update(self, data, indices):
+    """One replica's share of a minibatch: gradients all-reduced, then applied where
+    the loss and every gradient are finite (the same on every replica)."""
+    grads, metrics = self._grads(data, indices)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(x))
+                            for x in [metrics['loss']] + list(grads)])
+
+    def apply():
+      self._apply(grads)
+      return tf.constant(True)
+    tf.cond(finite, apply, lambda: tf.constant(False))
+    return {k: replicas.all_reduce_mean(v) for k, v in metrics.items()}
 
   # ---- the step --------------------------------------------------------------------
   def _training_data(self, prepared, advantages, returns):
@@ -228,13 +250,18 @@ class PPOLearner(BatchLearner):
     for i, indices in enumerate(plan):
       if data is None or (c.recompute_advantages and i % c.num_minibatches == 0):
         data = self._training_data(prepared, *self._advantages_fn(prepared))
-      grads, metrics = self._grads_fn(data, tf.constant(indices))
-      metrics = {k: float(v.numpy()) for k, v in metrics.items()}
+      if self._devices.num_replicas > 1:  # applied in the call, if finite
+        metrics = self._replicated_fn(data, tf.constant(indices))
+        grads = None
+      else:
+        grads, metrics = self._grads_fn(data, tf.constant(indices))
+      metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
       if not all(np.isfinite(v) for v in metrics.values()):
         raise DivergedError(f'non-finite PPO loss at learner step '
                             f'{int(self.num_steps.numpy()) + 1}, minibatch {i}: '
                             + ', '.join(f'{k}={v:.4g}' for k, v in sorted(metrics.items())))
-      self._apply_fn(grads)
+      if grads is not None:
+        self._apply_fn(grads)
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + v
       unroll_of = indices if self._recurrent else indices % num_unrolls

@@ -76,14 +76,15 @@ class LearnerDevices:
     with self.strategy.scope():
       initialize(list(module.trainable_variables))
 
-  def run(self, fn: Callable[..., Any], *args) -> Any:
-    """`fn(*args)` on one device, or on each replica with its part of `args` (split
-    along the first axis); call it inside a `tf.function`."""
+  def run(self, fn: Callable[..., Any], *args, shared: tuple = ()) -> Any:
+    """`fn(*shared, *args)` on one device, or on each replica with its part of `args`
+    (split along the first axis; `shared` goes whole to every replica); call it inside
+    a `tf.function`."""
     if self.strategy is None:
       if self.devices:
         with tf.device(self.devices[0]):
-          return fn(*args)
-      return fn(*args)
+          return fn(*shared, *args)
+      return fn(*shared, *args)
     n = self.num_replicas
 
     def replica_fn(*full):
@@ -92,7 +93,7 @@ class LearnerDevices:
       def part(x):
         size = tf.shape(x)[0] // n
         return x[i * size:(i + 1) * size]
-      return fn(*tree.map_structure(part, full))
+      return fn(*shared, *tree.map_structure(part, full))
 
     per_replica = self.strategy.run(replica_fn, args=args)
 

@@ -16,6 +16,8 @@ split_cpu(4)
 
 import tensorflow as tf  # noqa: E402  (after the split)
 
+from seedacme.agents.ppo import PPOBuilder, PPOConfig  # noqa: E402
+from seedacme.agents.ppo.learning import PPOLearner  # noqa: E402
 from seedacme.agents.r2d2 import R2D2Builder, R2D2Config  # noqa: E402
 from seedacme.agents.r2d2.learning import R2D2Learner  # noqa: E402
 from seedacme.agents.vtrace import VTraceBuilder, VTraceConfig  # noqa: E402
@@ -74,7 +76,7 @@ def devices_case():
 def mirrored_equals_single_case():
   """A learner step over 2 devices gives the single-device step's variables."""
   out = {}
-  for name in ('vtrace', 'r2d2'):
+  for name in ('vtrace', 'r2d2', 'ppo'):
     results = []
     for devices in (LearnerDevices(), LearnerDevices(LEARNER)):
       if name == 'vtrace':
@@ -87,6 +89,18 @@ def mirrored_equals_single_case():
             v.assign(value)
         before = _values(network.variables)
         metrics = learner.train_on(batch)
+      elif name == 'ppo':
+        builder = PPOBuilder(PPOConfig(unroll_length=5, batch_size=4, epochs=1,
+                                       num_minibatches=1, normalize_advantages=False,
+                                       max_gradient_norm=None, hidden_sizes=(16,)))
+        with devices.activate():
+          network = builder.make_networks(SPEC)
+          learner = PPOLearner(network, builder.config, None, builder.item_signature(SPEC))
+        if results:
+          for v, value in zip(network.variables, results[0][1]):
+            v.assign(value)
+        before = _values(network.variables)
+        metrics = learner.train_on(_batch(builder.item_signature(SPEC), 4))
       else:
         builder = R2D2Builder(R2D2Config(burn_in=2, trace_length=4, batch_size=4,
                                          hidden_sizes=(16,), lstm_size=8,

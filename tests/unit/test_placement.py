@@ -3,7 +3,7 @@ devices (each device case runs in a fresh process: `placement_cases.py`).
 
 `resolve`'s defaults and refusals against device lists; then, on 4 logical CPUs: the
 learner's variables and the batch step land on the devices named; a learner step
-mirrored over 2 devices gives the single-device step's variables (V-trace and R2D2);
+mirrored over 2 devices gives the single-device step's variables (V-trace, R2D2, PPO);
 inference on its own device keeps serving while the learner steps and its copy of the
 parameters is at most one learner step old.
 """
@@ -74,7 +74,7 @@ def test_variables_and_the_batch_step_land_on_the_devices_named():
 @pytest.mark.timeout(300)
 def test_a_step_mirrored_over_two_devices_equals_the_single_device_step():
   found = _case('mirrored_equals_single')
-  for agent in ('vtrace', 'r2d2'):
+  for agent in ('vtrace', 'r2d2', 'ppo'):
     assert found[agent]['same_start'] == 0.0
     assert found[agent]['moved'] > 1e-5  # the step changed the variables ...
     assert found[agent]['max_diff'] < 1e-6, (agent, found[agent])  # ... the same way
