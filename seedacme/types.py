@@ -1,7 +1,8 @@
 """The shared vocabulary of seedacme: what every part names and none owns.
 
-Env specs, step types, modes, finished episodes and the arrays of K envs an actor's
-engine produces. Every layer imports these (the wire, the server, the actor, the
+Env specs (discrete actions, or continuous ones with their bounds: what the wire, the
+action heads and the policy's action check read), step types, modes, finished episodes
+and the arrays of K envs an actor's engine produces. Every layer imports these (the wire, the server, the actor, the
 learner, `envs/`), so this module imports nothing of the package: it sits at the bottom
 of the import order (README, "Where things are"). Before it existed `EnvSpec` lived in
 `envs/registry.py` and `SlotStep` in `envs/atari_vector.py`, and the core imported

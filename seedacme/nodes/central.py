@@ -9,6 +9,9 @@ Launchpad runs it as a Courier node. It composes parts that each have one job:
                     Courier stays the control plane: `shm_offer`)
     report intake   `ReportIntake` (actor-side inference: actors call `report_acting`;
                     it adds their deltas to the acting log), or none
+    placement       `place_networks`: the learner's networks on its devices (several:
+                    data-parallel) and inference's, the same objects or a copy on its
+                    own device synced after every learner step (`seedacme.nodes.placed`)
     learner loop    `LearnerLoop`: the agent's learner on a background thread
     run monitor     `RunMonitor`: progress records, budgets and targets, the summary
     checkpoints     `Checkpointer` (periodic, at the end, resume) and `export_policy`
