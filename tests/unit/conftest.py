@@ -87,3 +87,27 @@ def make_central(tmp_path):
     for a in actors:
       a.join(5)
     server.stop()
+
+
+def _learn_until(central, target: float, first_after_episodes: int, timeout_s: float):
+  """Steps `central`'s learner until the training average reaches `target` (or time
+  runs out); returns (the average once `first_after_episodes` episodes had ended, the
+  last acting summary): a returns-rise test asserts last >= target > first."""
+  from seedacme.types import Mode  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + timeout_s
+  first, summary = None, {}
+  while time.monotonic() < deadline:
+    central.learner.step()
+    summary = central.server.acting.summary(Mode.TRAIN)
+    if first is None and summary['episodes'] >= first_after_episodes:
+      first = summary['average_return']
+    if first is not None and summary['average_return'] >= target:
+      break
+  return first, summary
+
+
+@pytest.fixture
+def learn_until():
+  """`learn_until(central, target, first_after_episodes, timeout_s) -> (first, summary)`:
+  steps a central node's learner until returns reach `target`."""
+  return _learn_until

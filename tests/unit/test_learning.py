@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from seedacme.types import Mode
+
 from seedacme.agents import vtrace
 
 
@@ -90,20 +90,12 @@ def test_full_queue_blocks_inference_until_the_learner_samples(
 
 
 @pytest.mark.timeout(150)
-def test_returns_rise_on_catch(make_central):
+def test_returns_rise_on_catch(make_central, learn_until):
   cfg = vtrace.VTraceConfig(unroll_length=20, batch_size=16, learning_rate=2e-3)
   central, _, actors, _ = make_central(cfg, num_actors=2, envs_per_actor=8)
   for a in actors:
     a.start()
-  deadline = time.monotonic() + 110
-  first = None
-  while time.monotonic() < deadline:
-    central.learner.step()
-    summary = central.server.acting.summary(Mode.TRAIN)
-    if first is None and summary['episodes'] >= 100:
-      first = summary['average_return']
-    if first is not None and summary['average_return'] >= 0.8:
-      break
+  first, summary = learn_until(central, 0.8, first_after_episodes=100, timeout_s=110)
   assert first is not None
   assert summary['average_return'] >= 0.8 > first, (first, summary)
   assert all(a.error is None for a in actors)

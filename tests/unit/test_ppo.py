@@ -11,17 +11,17 @@ the bounds stops the run as 'diverged'; and returns rise on CartPole.
 import json
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+
 from seedacme.agents.ppo import PPOBuilder, PPOConfig
 from seedacme.agents.ppo.learning import PPOLearner, minibatch_plan
 from seedacme.learner.base import DivergedError
 from seedacme.learner.checkpointing import Checkpointer
-from seedacme.types import FIRST, LAST, MID, EnvSpec, Mode
+from seedacme.types import FIRST, LAST, MID, EnvSpec
 
 DISCRETE = EnvSpec((4,), 'float32', 3)
 CONTINUOUS = EnvSpec((5,), 'float32', 0, (2,), (-1.0, -2.0), (1.0, 0.5))
@@ -227,22 +227,14 @@ def test_actions_outside_the_bounds_stop_the_run_as_diverged(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_returns_rise_on_cartpole(make_central):
+def test_returns_rise_on_cartpole(make_central, learn_until):
   config = PPOConfig(unroll_length=32, batch_size=16, epochs=4, num_minibatches=4,
                      learning_rate=1e-3, entropy_cost=0.01, reward_scale=0.1)
   central, _, actors, _ = make_central(PPOBuilder(config), env='cartpole', num_actors=2,
                                        envs_per_actor=8)
   for a in actors:
     a.start()
-  deadline = time.monotonic() + 120
-  first = None
-  while time.monotonic() < deadline:
-    central.learner.step()
-    summary = central.server.acting.summary(Mode.TRAIN)
-    if first is None and summary['episodes'] >= 50:
-      first = summary['average_return']
-    if first is not None and summary['average_return'] >= 200:
-      break
+  first, summary = learn_until(central, 200, first_after_episodes=50, timeout_s=120)
   assert first is not None
   assert summary['average_return'] >= 200 > first, (first, summary)
   assert all(a.error is None for a in actors)
