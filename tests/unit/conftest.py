@@ -111,3 +111,23 @@ def learn_until():
   """`learn_until(central, target, first_after_episodes, timeout_s) -> (first, summary)`:
   steps a central node's learner until returns reach `target`."""
   return _learn_until
+
+
+def _wait_until_stalled(actor, still_s: float = 2.0, timeout_s: float = 60.0) -> bool:
+  """Waits until `actor` (an `InProcessActor`) made no step for `still_s`; False if it
+  never stalled within `timeout_s` (a rate limiter that did not hold it back)."""
+  deadline = time.monotonic() + timeout_s
+  last, still_since = -1, time.monotonic()
+  while time.monotonic() < deadline:
+    if actor.steps != last:
+      last, still_since = actor.steps, time.monotonic()
+    elif time.monotonic() - still_since > still_s:
+      return True
+    time.sleep(0.05)
+  return False
+
+
+@pytest.fixture
+def wait_until_stalled():
+  """`wait_until_stalled(actor, still_s=2, timeout_s=60) -> bool`."""
+  return _wait_until_stalled

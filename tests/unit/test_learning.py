@@ -144,7 +144,7 @@ def _limiter_counts(client, table):
 
 
 @pytest.mark.timeout(150)
-def test_samples_per_insert_ties_acting_to_the_learner(make_central):
+def test_samples_per_insert_ties_acting_to_the_learner(make_central, wait_until_stalled):
   # R2D2's `samples_per_insert` holds acting back until the learner has sampled each
   # inserted sequence that often: the writer's flush waits, so inference and the
   # actor wait too (nothing is dropped), and learner steps release them.
@@ -159,14 +159,7 @@ def test_samples_per_insert_ties_acting_to_the_learner(make_central):
   actor.start()
   # Without learner steps the table stops at min_replay_size + error_buffer / spi
   # (8 + 40 / 2 = 28 inserts) and the actor stalls once the writer's queue is full.
-  deadline = time.monotonic() + 60
-  last, still_since = -1, time.monotonic()
-  while time.monotonic() < deadline:
-    if actor.steps != last:
-      last, still_since = actor.steps, time.monotonic()
-    elif time.monotonic() - still_since > 2.0:
-      break
-    time.sleep(0.05)
+  assert wait_until_stalled(actor)
   inserts, samples, max_diff = _limiter_counts(client, table)
   assert samples == 0 and 8 <= inserts <= 28, (inserts, samples)
   assert (inserts + 1) * spi - samples > max_diff  # the next insert must wait

@@ -118,7 +118,7 @@ def test_sac_refuses_discrete_actions_naming_both():
 
 
 @pytest.mark.timeout(180)
-def test_samples_per_insert_ties_acting_to_the_learner(make_central):
+def test_samples_per_insert_ties_acting_to_the_learner(make_central, wait_until_stalled):
   spi = 4.0
   config = SACConfig(batch_size=4, min_replay_size=8, replay_size=10_000, hidden_sizes=(16,),
                      samples_per_insert=spi)
@@ -126,13 +126,7 @@ def test_samples_per_insert_ties_acting_to_the_learner(make_central):
                                                 num_actors=1, envs_per_actor=2)
   actor = actors[0]
   actor.start()
-  deadline, last, still_since = time.monotonic() + 60, -1, time.monotonic()
-  while time.monotonic() < deadline:
-    if actor.steps != last:
-      last, still_since = actor.steps, time.monotonic()
-    elif time.monotonic() - still_since > 2.0:
-      break
-    time.sleep(0.05)
+  assert wait_until_stalled(actor)
   info = client.server_info()[table].rate_limiter_info
   inserts, samples = info.insert_stats.completed, info.sample_stats.completed
   # error_buffer = max(10 * 4, 8 * 4) = 40: without samples, at most 8 + 40 / 4 inserts.
