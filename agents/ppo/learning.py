@@ -118,7 +118,7 @@ class PPOLearner(BatchLearner):
     step_type = time_major(batch['step_type'])
     first = tf.equal(step_type, FIRST)
     mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
-    self._network.update_normalizer(_flat2(observation[:-1]))
+    self._network.update_normalizer(observation[:-1])
     rewards = tf.cast(time_major(batch['reward']), tf.float32)[1:]
     if c.reward_clip is not None:
       rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
@@ -143,10 +143,8 @@ class PPOLearner(BatchLearner):
       out = losses.gae(data['rewards'], data['discounts'], values[:-1], values[-1],
                        data['mask'], c.gae_lambda)
     else:
-      t = tf.shape(values)[0] - 1
-      params_t = tree.map_structure(lambda p: _flat2(p[:-1]), params)
-      target = tf.reshape(self._network.head.log_prob(
-          params_t, _flat2(data['raw_action'][:-1])), [t, -1])
+      target = self._network.head.log_prob(tree.map_structure(lambda p: p[:-1], params),
+                                           data['raw_action'][:-1])
       out = losses.vtrace_advantages(target, data['behaviour_log_prob'][:-1],
                                      data['rewards'], data['discounts'], values[:-1],
                                      values[-1], data['mask'], c.gae_lambda)
@@ -172,10 +170,8 @@ class PPOLearner(BatchLearner):
     with tf.GradientTape() as tape:
       params, values = self._network.unroll(mb['observation'], mb['first'],
                                             mb['initial_state'])
-      shape = tf.shape(values)
-      flat_params = tree.map_structure(_flat2, params)
-      log_probs = tf.reshape(head.log_prob(flat_params, _flat2(mb['raw_action'])), shape)
-      entropy = tf.reshape(head.entropy(flat_params), shape)
+      log_probs = head.log_prob(params, mb['raw_action'])  # heads take [T, b, ...]
+      entropy = head.entropy(params)
       advantages = mb['advantages']
       if c.normalize_advantages:
         advantages = losses.normalize_advantages(advantages, mb['mask'])

@@ -42,15 +42,10 @@ def unroll_loss(network: snt.Module, batch: Dict[str, tf.Tensor],
   mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
   head = getattr(network, 'action_head', None)
   if head is not None:  # continuous actions: the head's log-probabilities
-    params = tree.map_structure(lambda p: p[:-1], logits)
-    flat = tree.map_structure(lambda p: tf.reshape(p, tf.concat([[-1], tf.shape(p)[2:]], 0)),
-                              params)
-    raw = time_major(batch['raw_action'])[:-1]
-    shape = tf.shape(rewards)
-    target = tf.reshape(head.log_prob(flat, tf.reshape(
-        raw, tf.concat([[-1], tf.shape(raw)[2:]], 0))), shape)
+    params = tree.map_structure(lambda p: p[:-1], logits)  # heads take [T, B, ...]
     return losses.vtrace_loss_from_log_probs(
-        target, time_major(batch['log_prob'])[:-1], tf.reshape(head.entropy(flat), shape),
+        head.log_prob(params, time_major(batch['raw_action'])[:-1]),
+        time_major(batch['log_prob'])[:-1], head.entropy(params),
         rewards, config.discount * discount[1:], values[:-1], values[-1], mask,
         baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
         clip_rho_threshold=config.clip_rho_threshold,
@@ -96,8 +91,7 @@ class VTraceLearner(BatchLearner):
     normalizer = getattr(self._network, 'normalizer', None)
     if normalizer is not None:  # inference reads the same statistics
       observation = time_major(batch['observation'])[:-1]
-      normalizer.update(tf.reshape(tf.cast(observation, tf.float32), tf.concat(
-          [[-1], tf.shape(observation)[2:]], 0)))
+      normalizer.update(tf.cast(observation, tf.float32))  # [T, B, ...] as it comes
     return self._devices.run(self._replica_step, batch)
 
   def _replica_step(self, batch):
