@@ -42,6 +42,12 @@ VARIANTS: Dict[str, Any] = {
     'rmsprop': ({}, {'optimizer': 'rmsprop'}, None),
     'intra1': ({}, {}, (1, 1)),
     'onednn+intra2inter1': ({'TF_ENABLE_ONEDNN_OPTS': '1'}, {}, (2, 1)),
+    # Replay agents: gradient steps fused per compiled call (R2D2Config, SACConfig).
+    'sgd4': ({}, {'sgd_steps_per_sample': 4}, None),
+    'sgd8': ({}, {'sgd_steps_per_sample': 8}, None),
+    'onednn+sgd4': ({'TF_ENABLE_ONEDNN_OPTS': '1'}, {'sgd_steps_per_sample': 4}, None),
+    'onednn+sgd4+intra2inter1': ({'TF_ENABLE_ONEDNN_OPTS': '1'},
+                                 {'sgd_steps_per_sample': 4}, (2, 1)),
 }
 
 
@@ -52,8 +58,10 @@ def _child(args) -> None:
   if threads:
     tf.config.threading.set_intra_op_parallelism_threads(threads[0])
     tf.config.threading.set_inter_op_parallelism_threads(threads[1])
-  make_step = _r2d2_step if args.agent == 'r2d2' else _vtrace_step
-  step, transitions_per_step, overrides = make_step(args.batch_size, dict(overrides))
+  make_step = {'r2d2': _r2d2_step, 'sac': _sac_step}.get(args.agent, _vtrace_step)
+  kwargs = {'env': args.env} if args.agent == 'r2d2' else {}
+  step, transitions_per_step, overrides = make_step(args.batch_size, dict(overrides),
+                                                    **kwargs)
   for i in range(3):  # trace and warm up
     step(i)
   steps, start = 0, time.perf_counter()
@@ -65,6 +73,8 @@ def _child(args) -> None:
   print(json.dumps({'variant': args.variant, 'steps': steps, 'seconds': elapsed,
                     'step_ms': 1000 * elapsed / steps,
                     'transitions_per_s': steps * transitions_per_step / elapsed,
+                    'sgd_steps_per_s': steps * overrides.get('sgd_steps_per_sample', 1)
+                                       / elapsed,
                     'env': env_vars, 'overrides': overrides, 'threads': threads}))
 
 
@@ -96,26 +106,34 @@ def _vtrace_step(b: int, overrides: Dict[str, Any]):
           b * config.unroll_length, overrides)
 
 
-def _r2d2_step(b: int, overrides: Dict[str, Any]):
-  """(step(i) -> loss, transitions per step, overrides): R2D2 on CartPole's sequences."""
+def _r2d2_step(b: int, overrides: Dict[str, Any], env: str = 'cartpole'):
+  """(step(i) -> loss, transitions per step, overrides): R2D2 on the registry's
+  sequences for `env` ('cartpole', or 'atari': Pong's 84x84x4 uint8 frames, 6 actions)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from seedacme import envs  # pylint: disable=g-import-not-at-top
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
   jit = overrides.pop('jit_compile', False)  # R2D2Config has no such field
-  builder = registry.make_builder('r2d2', 'cartpole', batch_size=b, **overrides)
+  builder = registry.make_builder('r2d2', env, batch_size=b, **overrides)
   config = builder.config
-  spec = envs.env_spec_of(envs.make_factory('cartpole')(0))
+  if env == 'atari':
+    spec = envs.EnvSpec((84, 84, 4), 'uint8', 6)
+  else:
+    spec = envs.env_spec_of(envs.make_factory(env)(0))
   nets = builder.make_networks(spec)
   learner = R2D2Learner(nets.online, nets.target, config, None)  # no Reverb: fixed batch
   train = learner._train  # pylint: disable=protected-access
   if jit:
-    train = tf.function(learner._train_step, jit_compile=True)  # pylint: disable=protected-access
+    train = tf.function(learner._train_steps, jit_compile=True)  # pylint: disable=protected-access
   n = config.sequence_length
+  b *= config.sgd_steps_per_sample  # one call: that many steps, each on its own batch
   rng = np.random.RandomState(0)
   step_type = np.ones((b, n), np.int8)
   step_type[:, 0] = 0
+  frames = spec.dtype == np.uint8 or str(spec.dtype) == 'uint8'
   batch = {'observation': tf.constant(
+               rng.randint(0, 256, (b, n) + spec.observation_shape).astype(np.uint8)
+               if frames else
                rng.normal(size=(b, n) + spec.observation_shape).astype(np.float32)),
            'reward': tf.ones((b, n)), 'discount': tf.ones((b, n)),
            'step_type': tf.constant(step_type),
@@ -131,14 +149,39 @@ def _r2d2_step(b: int, overrides: Dict[str, Any]):
   return step, b * config.trace_length, dict(overrides, jit_compile=jit)
 
 
+def _sac_step(b: int, overrides: Dict[str, Any]):
+  """(step(i) -> loss, transitions per step, overrides): SAC on HalfCheetah's items."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.sac.learning import SACLearner  # pylint: disable=g-import-not-at-top
+  overrides.pop('jit_compile', None)  # SACConfig has no such field
+  builder = registry.make_builder('sac', 'mujoco', batch_size=b, **overrides)
+  spec = envs.env_spec_of(envs.make_factory('mujoco', level='HalfCheetah-v5')(0))
+  learner = SACLearner(builder.make_networks(spec), builder.config, None,
+                       layout=builder.layout(spec))
+  k = builder.config.sgd_steps_per_sample
+  rng = np.random.RandomState(0)
+  shape = (b * k, builder.item_steps)
+  fields = {'observation': rng.normal(size=shape + spec.observation_shape),
+            'reward': rng.normal(size=shape).astype(np.float32),
+            'discount': np.ones(shape, np.float32), 'step_type': np.ones(shape, np.int8),
+            'raw_action': rng.normal(size=shape + (int(spec.action_size),)).astype(
+                np.float32)}
+  layout = builder.layout(spec)  # sampled batches arrive packed (packed_items)
+  batch = tf.nest.map_structure(tf.constant,
+                                layout.pack(fields) if layout is not None else fields)
+  return (lambda i: learner.train_on(batch)['critic_loss'], b * k, overrides)
+
+
 def _run_variant(name: str, batch_size: int, seconds: float,
-                 agent: str = 'vtrace') -> Dict[str, Any]:
+                 agent: str = 'vtrace', env: str = 'cartpole') -> Dict[str, Any]:
   env = dict(os.environ, PYTHONPATH=harness.REPO, TF_CPP_MIN_LOG_LEVEL='2')
   env['TF_ENABLE_ONEDNN_OPTS'] = '0'  # TF 2.8's own default; variants turn it on
   env.update(VARIANTS[name][0])
   out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child', name,
                         '--batch_size', str(batch_size), '--seconds', str(seconds),
-                        '--agent', agent],
+                        '--agent', agent, '--env', env],
                        env=env, capture_output=True, text=True, timeout=seconds + 300,
                        check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith('{')]
@@ -153,7 +196,9 @@ def main() -> None:
   parser.add_argument('--variants', default=None,
                       help='default: all (V-trace); baseline,onednn,xla,intra1 (R2D2: its '
                       'config has no optimizer field)')
-  parser.add_argument('--agent', default='vtrace', choices=['vtrace', 'r2d2'])
+  parser.add_argument('--agent', default='vtrace', choices=['vtrace', 'r2d2', 'sac'])
+  parser.add_argument('--env', default='cartpole', choices=['cartpole', 'atari'],
+                      help="R2D2's shapes and registry defaults")
   parser.add_argument('--batch_size', type=int, default=None,
                       help='default: 8 (V-trace, Pong shapes), 32 (R2D2, CartPole)')
   parser.add_argument('--seconds', type=float, default=20.0)
@@ -183,7 +228,7 @@ def main() -> None:
   results: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
   for r in range(args.rounds):
     for name in (names if r % 2 == 0 else names[::-1]):
-      res = _run_variant(name, args.batch_size, args.seconds, args.agent)
+      res = _run_variant(name, args.batch_size, args.seconds, args.agent, args.env)
       res['load'] = os.getloadavg()[0]
       results[name].append(res)
       print(f'  round {r + 1}: {name:<22} {res["transitions_per_s"]:8,.0f} transitions/s '
@@ -196,8 +241,9 @@ def main() -> None:
                  'transitions/s': tps, 'ms/step': float(np.median([x['step_ms'] for x in results[name]])),
                  f'vs {names[0]}': tps / base,
                  'rounds': [round(x['transitions_per_s']) for x in results[name]]})
-  what = ('R2D2 learner step, CartPole defaults (MLP + LSTM, 29-step sequences)'
-          if args.agent == 'r2d2' else 'V-trace learner step, Nature CNN, T=20')
+  what = {'r2d2': 'R2D2 learner step, CartPole defaults (MLP + LSTM, 29-step sequences)',
+          'sac': 'SAC learner step, HalfCheetah items (256-256 MLPs)'}.get(
+              args.agent, 'V-trace learner step, Nature CNN, T=20')
   print(f'\n{what}, batch {args.batch_size} '
         f'(load {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)')
   harness.print_table(rows, ['variant', 'batch', 'transitions/s', 'ms/step', f'vs {names[0]}'])

@@ -223,19 +223,19 @@ def synthetic_batch(signature: Any, batch_size: int, num_actions: int, seed: int
           for k, v in signature.items()}
 
 
-def _vtrace_learner(builder, networks, signature):
+def _vtrace_learner(builder, networks, signature, spec=None):
   from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
   learner = VTraceLearner(networks, builder.config, None, item_signature=signature)
   return learner, learner.train_on
 
 
-def _ppo_learner(builder, networks, signature):
+def _ppo_learner(builder, networks, signature, spec=None):
   from seedacme.agents.ppo.learning import PPOLearner  # pylint: disable=g-import-not-at-top
   learner = PPOLearner(networks, builder.config, None, item_signature=signature)
   return learner, learner.train_on
 
 
-def _r2d2_learner(builder, networks, signature):
+def _r2d2_learner(builder, networks, signature, spec=None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
   c = builder.config
@@ -247,9 +247,10 @@ def _r2d2_learner(builder, networks, signature):
   return learner, lambda batch: learner.train_on(info, batch)
 
 
-def _sac_learner(builder, networks, signature):
+def _sac_learner(builder, networks, signature, spec):
   from seedacme.agents.sac.learning import SACLearner  # pylint: disable=g-import-not-at-top
-  learner = SACLearner(networks, builder.config, None, item_signature=signature)
+  learner = SACLearner(networks, builder.config, None, item_signature=signature,
+                       layout=builder.layout(spec))
 
   def train(batch):
     metrics = learner.train_on(batch)
@@ -257,7 +258,7 @@ def _sac_learner(builder, networks, signature):
   return learner, train
 
 
-# agent -> (builder, networks, item signature) -> (learner, train(batch) -> metrics)
+# agent -> (builder, networks, item signature, env spec) -> (learner, train(batch) -> metrics)
 LEARNERS: Dict[str, Callable[..., Tuple[Any, Callable[[Any], Dict[str, float]]]]] = {
     'vtrace': _vtrace_learner,
     'ppo': _ppo_learner,
@@ -339,7 +340,7 @@ def time_learner(case: Case, builder, networks, device: str, steps: int) -> Dict
   signature = builder.item_signature(case.spec)
   kind = device.split(':')[0]
   with tf.device(device):
-    learner, train = LEARNERS[case.agent](builder, networks, signature)
+    learner, train = LEARNERS[case.agent](builder, networks, signature, case.spec)
     batch = synthetic_batch(signature, config.batch_size, case.spec.num_actions)
     start = time.perf_counter()
     metrics = train(batch)

@@ -85,6 +85,9 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       "Courier, for comparison), shm (shared memory or fail)")
   parser.add_argument('--variable_update_period', type=int, default=100,
                       help='--inference actor: fetch parameters every this many calls')
+  parser.add_argument('--acting_nice', type=int, default=0,
+                      help='renice actor and evaluator processes by this much (0-19): the '
+                      "central node's inference and learner win the CPU when both run")
   parser.add_argument('--acting_only', action='store_true',
                       help='no learner and no trajectories: measures acting throughput')
   parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE',
@@ -166,7 +169,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       transport=args.transport, inference_devices=args.inference_devices,
       learner_devices=args.learner_devices, logical_cpus=args.logical_cpus,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
-      accelerator=accelerator)
+      acting_nice=args.acting_nice, accelerator=accelerator)
   try:
     config.validate()
   except ValueError as e:

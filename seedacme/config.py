@@ -62,6 +62,9 @@ class ProgramConfig:
       first, the learner data-parallel on the rest). `seedacme.runtime.placement`.
     logical_cpus: split the central node's CPU into this many logical devices before
       TF starts (0: no split): placements tested and tried on a CPU-only machine.
+    acting_nice: renice actor and evaluator processes by this much (0-19), so that the
+      central node's inference and learner win the CPU when all are runnable
+      (`seedacme.runtime.priority`; measured in bench/learner_share.py).
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -91,6 +94,7 @@ class ProgramConfig:
   inference_devices: str | None = None
   learner_devices: str | None = None
   logical_cpus: int = 0
+  acting_nice: int = 0
 
   @property
   def num_train_envs(self) -> int:
@@ -118,5 +122,7 @@ class ProgramConfig:
     if self.transport not in ('auto', 'courier', 'shm'):
       raise ValueError(
           f"transport must be 'auto', 'courier' or 'shm', got {self.transport!r}")
+    if not 0 <= self.acting_nice <= 19:
+      raise ValueError(f'acting_nice must be in 0..19, got {self.acting_nice}')
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

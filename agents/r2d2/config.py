@@ -34,6 +34,10 @@ class R2D2Config:
     samples_per_insert: if set, a SampleToInsertRatio limiter ties acting to learning
       (blocking inference when actors run ahead); None: only `min_replay_size`.
     reward_clip: clip rewards to [-reward_clip, reward_clip] in the loss.
+    sgd_steps_per_sample: gradient steps per learner call: one sample of this many
+      batches, one step on each in turn inside one compiled call, and one priority
+      update for all of them (Acme's `num_sgd_steps_per_step`). Learner steps, target
+      updates and budgets count gradient steps.
   """
   burn_in: int = 40
   trace_length: int = 80
@@ -61,7 +65,13 @@ class R2D2Config:
   samples_per_insert: float | None = None
   replay_checkpoint_interval_s: float | None = 30.0
   reward_clip: float | None = None
+  sgd_steps_per_sample: int = 1
   seed: int = 0
+
+  def __post_init__(self):
+    if self.sgd_steps_per_sample < 1:
+      raise ValueError(f'R2D2Config: sgd_steps_per_sample={self.sgd_steps_per_sample} '
+                       'must be >= 1')
 
   @property
   def sequence_length(self) -> int:

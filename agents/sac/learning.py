@@ -26,6 +26,7 @@ from seedacme.agents.sac.config import SACConfig
 from seedacme.agents.sac.networks import SACNetworks
 from seedacme.learner.base import BatchLearner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs
+from seedacme.trajectories.packing import PACKED, PackedLayout
 from seedacme.types import LAST
 
 
@@ -55,8 +56,16 @@ class SACLearner(BatchLearner):
 
   def __init__(self, networks: SACNetworks, config: SACConfig,
                batches: ReverbBatches | None,
-               item_signature: Dict[str, tf.TensorSpec] | None = None):
+               item_signature: Dict[str, tf.TensorSpec] | None = None,
+               layout: PackedLayout | None = None):
+    """`layout`: how sampled items are packed (`SACBuilder.layout`); batches of packed
+    items are unpacked inside the compiled step, batches of fields are taken as they
+    are."""
+    if item_signature is not None and PACKED in item_signature and layout is None:
+      raise ValueError('SACLearner: the items are packed (item_signature has '
+                       f'{PACKED!r}) but no layout says how to unpack them')
     self._nets = networks
+    self._layout = layout
     self._config = config
     self._batches = batches
     self._item_signature = item_signature
@@ -68,7 +77,8 @@ class SACLearner(BatchLearner):
                             is not None else -float(head.size))
     self._rng = tf.random.Generator.from_seed(config.seed + 1)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self._train = tf.function(self._train_step, experimental_relax_shapes=True)
+    self.steps_per_call = config.sgd_steps_per_sample
+    self._train = tf.function(self._train_steps, experimental_relax_shapes=True)
 
   def checkpoint_state(self) -> Dict[str, Any]:
     return {'networks': self._nets, 'actor_optimizer': self._actor_optimizer,
@@ -133,13 +143,29 @@ class SACLearner(BatchLearner):
     metrics['valid_fraction'] = tf.reduce_mean(tf.cast(valid, tf.float32))
     return metrics
 
+  def _train_steps(self, batch):
+    """`steps_per_call` steps, each on its own consecutive slice of the batch; the
+    metrics are their means."""
+    if PACKED in batch:
+      batch = self._layout.unpack(batch[PACKED])
+    k = self.steps_per_call
+    if k == 1:
+      return self._train_step(batch)
+    size = tf.shape(batch['step_type'])[0] // k
+    steps = []
+    for i in range(k):
+      steps.append(self._train_step(
+          tf.nest.map_structure(lambda x, i=i: x[i * size:(i + 1) * size], batch)))
+    return {name: tf.add_n([m[name] for m in steps]) / k for name in steps[0]}
+
   def warm_up(self) -> bool:
     if self._item_signature is None:
       return False
-    self._train.get_concrete_function(
-        batch_specs(self._item_signature, self._config.batch_size))
+    self._train.get_concrete_function(batch_specs(
+        self._item_signature, self._config.batch_size * self.steps_per_call))
     return True
 
   def train_on(self, batch) -> Dict[str, float]:
-    """One SAC step on a given batch (used by `step` and by tests)."""
+    """`steps_per_call` SAC steps on a given batch of `steps_per_call * batch_size`
+    items (used by `step` and by tests)."""
     return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}

@@ -36,6 +36,7 @@ from seedacme.actor.engines import half_batch_driver, make_engine
 from seedacme.actor.transport import InferencePath
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.runtime.priority import lower_process_priority
 from seedacme.types import EnvFactory, Mode
 
 
@@ -52,7 +53,7 @@ class EnvActor:
                seed: int = 0, max_steps: int | None = None, log_interval_s: float = 30.0,
                eval_interval_s: float = 0.0, eval_episodes: int = 20,
                acting: ActingLog | None = None, transport: str = 'auto',
-               stop_event: threading.Event | None = None):
+               stop_event: threading.Event | None = None, nice: int = 0):
     """Creates the actor.
 
     Args:
@@ -77,6 +78,8 @@ class EnvActor:
       transport: 'auto' (shared memory when the central node offers it on this host,
         else Courier), 'courier' or 'shm' (`seedacme.actor.transport`).
       stop_event: set to stop; default is Launchpad's stop event.
+      nice: lower this process's CPU priority by this much when `run` starts
+        (`ProgramConfig.acting_nice`; 0: unchanged).
     """
     self._inference = inference
     self._envs = half_batch_driver(make_engine(env_factory, num_envs, seed=seed))
@@ -94,6 +97,7 @@ class EnvActor:
     self._episodes = EpisodeTracker(num_envs)  # by slot (the engine's env index)
     self._transport = transport
     self.path: InferencePath | None = None  # made by `run`, with its stop event
+    self._nice = nice
 
   @property
   def env_steps(self) -> int:
@@ -117,6 +121,7 @@ class EnvActor:
     """Steps the envs until the stop event is set (or `max_steps`)."""
     if self._stop is None:
       self._stop = default_stop_event()
+    lower_process_priority(self._nice)
     kind = 'evaluator' if self.mode is Mode.EVAL else 'actor'
     logging.info('%s %d: %d envs (ids %d..%d) in batches of %d, run id %d', kind,
                  self._actor_id, len(self.env_ids), self.env_ids[0], self.env_ids[-1],

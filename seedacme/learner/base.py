@@ -16,11 +16,17 @@ class DivergedError(FloatingPointError):
 
 
 class Learner(abc.ABC):
-  """The training side of the central node."""
+  """The training side of the central node.
+
+  `steps_per_call`: gradient steps one `step()` takes (a learner that fuses several
+  into one compiled call says so); `LearnerLoop` counts learner steps by it.
+  """
+
+  steps_per_call: int = 1
 
   @abc.abstractmethod
   def step(self) -> Dict[str, float] | None:
-    """One SGD step; returns its metrics, or None if no data arrived in time."""
+    """`steps_per_call` SGD steps; their metrics, or None if no data arrived in time."""
 
   @abc.abstractmethod
   def checkpoint_state(self) -> Dict[str, Any]:

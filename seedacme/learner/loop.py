@@ -51,7 +51,7 @@ class LearnerLoop:
           if bad:
             raise DivergedError(f'non-finite learner metrics at step {self.steps + 1}: '
                                 + ', '.join(f'{k}={metrics[k]}' for k in bad))
-          self.steps += 1
+          self.steps += self.learner.steps_per_call
           self.metrics = metrics
           if self._after_step is not None:
             self._after_step()

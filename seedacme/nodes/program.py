@@ -75,7 +75,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
     learner = program.add_node(node)
 
   def actor_node(name: str, **kwargs):
-    kwargs.update(env_factory=env_factory)
+    kwargs.update(env_factory=env_factory, nice=config.acting_nice)
     if config.inference == 'actor':
       # Acme's pattern: the actor runs its own policy copy (seedacme.actor.actor_side).
       kwargs.update(central=learner, replay_address=replay_node.reverb_address,
