@@ -80,7 +80,7 @@ def test_a_learner_step_updates_critics_actor_temperature_and_polyak_targets():
   config = SACConfig(batch_size=8, min_replay_size=8, hidden_sizes=(16,), tau=0.25)
   builder = SACBuilder(config)
   nets = builder.make_networks(SPEC)
-  learner = SACLearner(nets, config, None, builder.item_signature(SPEC))
+  learner = SACLearner(nets, config, None, builder.item_signature(SPEC), builder.layout(SPEC))
   critic = [v.numpy() for v in nets.critics[0].variables]
   target = [v.numpy() for v in nets.targets[0].variables]
   actor = [v.numpy() for v in nets.actor.trainable_variables]
