@@ -114,8 +114,9 @@ def _r2d2_step(b: int, overrides: Dict[str, Any], env: str = 'cartpole'):
   from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
   jit = overrides.pop('jit_compile', False)  # R2D2Config has no such field
-  builder = registry.make_builder('r2d2', env, batch_size=b, **overrides)
+  builder = registry.make_builder('r2d2', env, **{'batch_size': b, **overrides})
   config = builder.config
+  b = config.batch_size  # a variant may set its own
   if env == 'atari':
     spec = envs.EnvSpec((84, 84, 4), 'uint8', 6)
   else:
@@ -124,7 +125,7 @@ def _r2d2_step(b: int, overrides: Dict[str, Any], env: str = 'cartpole'):
   learner = R2D2Learner(nets.online, nets.target, config, None)  # no Reverb: fixed batch
   train = learner._train  # pylint: disable=protected-access
   if jit:
-    train = tf.function(learner._train_steps, jit_compile=True)  # pylint: disable=protected-access
+    train = tf.function(learner._train_step, jit_compile=True)  # pylint: disable=protected-access
   n = config.sequence_length
   b *= config.sgd_steps_per_sample  # one call: that many steps, each on its own batch
   rng = np.random.RandomState(0)
@@ -174,14 +175,15 @@ def _sac_step(b: int, overrides: Dict[str, Any]):
   return (lambda i: learner.train_on(batch)['critic_loss'], b * k, overrides)
 
 
-def _run_variant(name: str, batch_size: int, seconds: float,
-                 agent: str = 'vtrace', env: str = 'cartpole') -> Dict[str, Any]:
+def _run_variant(name: str, batch_size: int, seconds: float, agent: str = 'vtrace',
+                 env_name: str = 'cartpole', custom: List[str] = ()) -> Dict[str, Any]:
   env = dict(os.environ, PYTHONPATH=harness.REPO, TF_CPP_MIN_LOG_LEVEL='2')
   env['TF_ENABLE_ONEDNN_OPTS'] = '0'  # TF 2.8's own default; variants turn it on
   env.update(VARIANTS[name][0])
   out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child', name,
                         '--batch_size', str(batch_size), '--seconds', str(seconds),
-                        '--agent', agent, '--env', env],
+                        '--agent', agent, '--env', env_name,
+                        *[f'--custom={c}' for c in custom]],
                        env=env, capture_output=True, text=True, timeout=seconds + 300,
                        check=False)
   lines = [ln for ln in out.stdout.splitlines() if ln.startswith('{')]
@@ -203,10 +205,19 @@ def main() -> None:
                       help='default: 8 (V-trace, Pong shapes), 32 (R2D2, CartPole)')
   parser.add_argument('--seconds', type=float, default=20.0)
   parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--custom', action='append', default=[], metavar='NAME:F=V,F=V',
+                      help='a variant of config overrides (oneDNN on, as the product '
+                      "runs), e.g. --custom 'b16t20:batch_size=16,trace_length=20'; list "
+                      'it in --variants')
   parser.add_argument('--child', default=None, help=argparse.SUPPRESS)
   parser.add_argument('--out', default=None,
                       help='default learner_speed.json (V-trace), learner_speed_r2d2.json')
   args = parser.parse_args()
+  from launchers.program_flags import parse_overrides  # pylint: disable=g-import-not-at-top
+  for custom in args.custom:
+    name, _, fields = custom.partition(':')
+    VARIANTS[name] = ({'TF_ENABLE_ONEDNN_OPTS': '1'},
+                      parse_overrides(fields.split(',') if fields else []), None)
   r2d2 = args.agent == 'r2d2'
   if args.batch_size is None:
     args.batch_size = 32 if r2d2 else 8
@@ -228,7 +239,8 @@ def main() -> None:
   results: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
   for r in range(args.rounds):
     for name in (names if r % 2 == 0 else names[::-1]):
-      res = _run_variant(name, args.batch_size, args.seconds, args.agent, args.env)
+      res = _run_variant(name, args.batch_size, args.seconds, args.agent, args.env,
+                         args.custom)
       res['load'] = os.getloadavg()[0]
       results[name].append(res)
       print(f'  round {r + 1}: {name:<22} {res["transitions_per_s"]:8,.0f} transitions/s '

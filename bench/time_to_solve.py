@@ -18,6 +18,7 @@ same settings), so compare settings with `--seeds` and medians, never one run.
 """
 
 import argparse
+import shlex
 import sys
 
 from harness import ProgramRun, machine, print_table, write_json
@@ -52,7 +53,14 @@ def main() -> int:
                       help="each run's time cap (default per env: Catch 150 s, CartPole 360 s)")
   parser.add_argument('--seeds', default='0', help='program seeds, comma-separated: '
                       'every run once per seed')
+  parser.add_argument('--setting', action='append', default=[], metavar='NAME=ARGS',
+                      help="settings compared side by side: a name and the run_local "
+                      "arguments it adds, e.g. --setting base= --setting fast='--acting_nice "
+                      "10'; each run goes once per seed and setting, settings alternating "
+                      "within a seed so drift in the load favours none")
   args = parser.parse_args()
+  settings = [(v.split('=', 1)[0], shlex.split(v.split('=', 1)[1] if '=' in v else ''))
+              for v in args.setting] or [(None, [])]
   # (env, agent, envs per actor, what the target watches)
   runs = [('catch', 'vtrace', 16, 'eval')] if args.quick else [
       ('catch', 'vtrace', 16, 'eval'), ('catch', 'vtrace', 1, 'train'),
@@ -74,9 +82,10 @@ def main() -> int:
     if args.envs_per_actor and k != args.envs_per_actor:
       continue
     cap = args.cap_s or (90.0 if args.quick else CAPS_S[env])
-    for mode, seed in [(m, int(s)) for m in modes for s in args.seeds.split(',')]:
+    for mode, seed, (setting, setting_args) in [
+        (m, int(s), st) for m in modes for s in args.seeds.split(',') for st in settings]:
       extra = [] if eval_envs is None else ['--num_eval_envs', str(eval_envs)]
-      extra += [f'--agent_config={c}' for c in args.agent_config]
+      extra += [f'--agent_config={c}' for c in args.agent_config] + setting_args
       extra += ['--seed', str(seed)] if seed else []
       flags = {'central': ['--inference', 'central'],
                'courier': ['--inference', 'central', '--transport', 'courier'],
@@ -92,6 +101,7 @@ def main() -> int:
              'exit': result['exit_code'],
              'K': k, 'target_on': target_on, 'seed': seed,
              'agent_config': ' '.join(args.agent_config) or 'defaults',
+             'setting': setting, 'setting_args': ' '.join(setting_args),
              'num_eval_envs': eval_envs if eval_envs is not None else ProgramConfig.num_eval_envs,
              'train_env_steps_per_s': (summary['env_steps'] / summary['elapsed_s']
                                        if summary.get('elapsed_s') else None),
@@ -110,12 +120,12 @@ def main() -> int:
       row['counter_rss_mb'] = None  # published field; the counter node is gone
       rows.append(row)
       outcome = f"solved in {row['time_to_target_s']:.0f}s" if solved else 'not solved'
-      print(f"time_to_solve: {env} {agent} {mode}: {outcome} "
+      print(f"time_to_solve: {env} {agent} {mode} seed {seed} {setting or ''}: {outcome} "
             f"({summary.get('stopped_because')}); startup {run.first_learner_step_s}s; "
             f"logdir {run.logdir}", flush=True)
   print()
   print_table(rows, ['env', 'agent', 'K', 'num_eval_envs', 'target_on', 'inference',
-                     'transport', 'seed', 'agent_config',
+                     'transport', 'seed', 'agent_config', 'setting',
                      'time_to_target_s', 'env_steps', 'train_env_steps_per_s',
                      'startup_to_first_learner_step_s', 'actor_rss_mb', 'learner_rss_mb',
                      'replay_rss_mb', 'program_peak_rss_mb'])

@@ -11,7 +11,7 @@ import tensorflow as tf
 from seedacme.agents.r2d2 import losses
 from seedacme.agents.r2d2.config import R2D2Config
 from seedacme.types import FIRST, LAST
-from seedacme.learner import replicas
+from seedacme.learner import fused, replicas
 from seedacme.learner.base import Learner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 from seedacme.trajectories.reverb_errors import is_server_away, server_answers
@@ -75,7 +75,9 @@ class R2D2Learner(Learner):
     self._devices = replicas.current()  # one device, or data-parallel over several
     self._devices.build_optimizer(self._optimizer, network)
     self.steps_per_call = config.sgd_steps_per_sample
-    self._train = tf.function(self._train_steps, experimental_relax_shapes=True)
+    self._train = tf.function(
+        lambda batch, weights: self._devices.run(self._train_step, batch, weights),
+        experimental_relax_shapes=True)
     self.update_target()
 
   def checkpoint_state(self) -> Dict[str, Any]:
@@ -100,26 +102,9 @@ class R2D2Learner(Learner):
     self.num_steps.assign_add(1)
     return priorities, metrics
 
-  def _train_steps(self, batch, weights):
-    """`steps_per_call` steps, each on its own consecutive slice of the batch: the
-    priorities of every sequence in batch order, the metrics' means."""
-    k = self.steps_per_call
-    if k == 1:
-      return self._devices.run(self._train_step, batch, weights)
-    size = tf.shape(weights)[0] // k
-    priorities, metrics = [], []
-    for i in range(k):
-      part = lambda x, i=i: x[i * size:(i + 1) * size]  # noqa: E731
-      p, m = self._devices.run(self._train_step, tf.nest.map_structure(part, batch),
-                               part(weights))
-      priorities.append(p)
-      metrics.append(m)
-    return (tf.concat(priorities, 0),
-            {name: tf.add_n([m[name] for m in metrics]) / k for name in metrics[0]})
-
   def warm_up(self) -> bool:
     if self._item_signature is not None:
-      b = self._config.batch_size * self.steps_per_call
+      b = self._config.batch_size
       self._train.get_concrete_function(batch_specs(self._item_signature, b),
                                         tf.TensorSpec((b,), tf.float32))
     return self._train.experimental_get_tracing_count() > 0
@@ -135,13 +120,16 @@ class R2D2Learner(Learner):
     weights = importance_weights(info.probability, info.table_size,
                                  self._config.importance_sampling_exponent)
     before = int(self.num_steps.numpy())
-    priorities, metrics = self._train(batch, weights)
+    steps = [self._train(part, w) for part, w in
+             fused.slices(self.steps_per_call, batch, weights)]
+    priorities = np.concatenate([p.numpy() for p, _ in steps])
+    metrics = fused.mean_metrics([m for _, m in steps])
     if self._client is not None:
-      self._write_priorities(info.key.numpy(), priorities.numpy())
+      self._write_priorities(info.key.numpy(), priorities)
     period = self._config.target_update_period
     if int(self.num_steps.numpy()) // period > before // period:
       self.update_target()
-    out = {k: float(np.asarray(v)) for k, v in metrics.items()}
+    out = dict(metrics)
     out['priority_updates'] = float(self.priority_updates)
     out['priority_updates_lost'] = float(self.priority_updates_lost)
     return out

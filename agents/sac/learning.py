@@ -17,13 +17,13 @@ Log-probabilities are in [-1, 1] action units (the head's minus its constant
 
 from typing import Any, Dict
 
-import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
 from seedacme.agents.sac import losses
 from seedacme.agents.sac.config import SACConfig
 from seedacme.agents.sac.networks import SACNetworks
+from seedacme.learner import fused
 from seedacme.learner.base import BatchLearner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs
 from seedacme.trajectories.packing import PACKED, PackedLayout
@@ -78,7 +78,7 @@ class SACLearner(BatchLearner):
     self._rng = tf.random.Generator.from_seed(config.seed + 1)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.steps_per_call = config.sgd_steps_per_sample
-    self._train = tf.function(self._train_steps, experimental_relax_shapes=True)
+    self._train = tf.function(self._unpacked_step, experimental_relax_shapes=True)
 
   def checkpoint_state(self) -> Dict[str, Any]:
     return {'networks': self._nets, 'actor_optimizer': self._actor_optimizer,
@@ -143,29 +143,21 @@ class SACLearner(BatchLearner):
     metrics['valid_fraction'] = tf.reduce_mean(tf.cast(valid, tf.float32))
     return metrics
 
-  def _train_steps(self, batch):
-    """`steps_per_call` steps, each on its own consecutive slice of the batch; the
-    metrics are their means."""
+  def _unpacked_step(self, batch):
     if PACKED in batch:
       batch = self._layout.unpack(batch[PACKED])
-    k = self.steps_per_call
-    if k == 1:
-      return self._train_step(batch)
-    size = tf.shape(batch['step_type'])[0] // k
-    steps = []
-    for i in range(k):
-      steps.append(self._train_step(
-          tf.nest.map_structure(lambda x, i=i: x[i * size:(i + 1) * size], batch)))
-    return {name: tf.add_n([m[name] for m in steps]) / k for name in steps[0]}
+    return self._train_step(batch)
 
   def warm_up(self) -> bool:
     if self._item_signature is None:
       return False
-    self._train.get_concrete_function(batch_specs(
-        self._item_signature, self._config.batch_size * self.steps_per_call))
+    self._train.get_concrete_function(
+        batch_specs(self._item_signature, self._config.batch_size))
     return True
 
   def train_on(self, batch) -> Dict[str, float]:
-    """`steps_per_call` SAC steps on a given batch of `steps_per_call * batch_size`
-    items (used by `step` and by tests)."""
-    return {k: float(np.asarray(v)) for k, v in self._train(batch).items()}
+    """`steps_per_call` SAC steps, each on its own consecutive slice of a batch of
+    `steps_per_call * batch_size` items (used by `step` and by tests); the metrics are
+    their means."""
+    return fused.mean_metrics([self._train(part) for (part,) in
+                               fused.slices(self.steps_per_call, batch)])
