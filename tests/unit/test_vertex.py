@@ -45,10 +45,11 @@ def test_replay_memory_follows_the_agents_replay_capacity():
   # 10k unrolls of 21 steps: 2 x 10k x (21 x (28224 + 64) + 4096) bytes = 11.1 GiB, + 4.
   vtrace = registry.make_builder('vtrace', 'atari', queue_size=10_000)
   assert vertex.replay_memory_gb(vtrace, spec) == 15
-  # 5k sequences of 121 steps (R2D2's Atari default): 31.9 GiB, + 4.
+  # 25k sequences of 31 steps (R2D2's Atari default): 2 x 25k x (31 x 28288 + 4096)
+  # bytes = 41.0 GiB, + 4.
   r2d2 = registry.make_builder('r2d2', 'atari')
-  assert r2d2.replay_capacity() == (5_000, 121)
-  assert vertex.replay_memory_gb(r2d2, spec) == 35
+  assert r2d2.replay_capacity() == (25_000, 31)
+  assert vertex.replay_memory_gb(r2d2, spec) == 45
 
 
 def test_printed_plan_is_readable(capsys):
