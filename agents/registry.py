@@ -111,13 +111,14 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'cartpole': dict(burn_in=8, trace_length=20, period=10, n_step=5, discount=0.99,
                      hidden_sizes=(64,), lstm_size=64, learning_rate=1e-3, batch_size=32,
                      target_update_period=200, replay_size=20_000, min_replay_size=500),
-    # Atari on 2 CPU cores (paper values in brackets; measured in docs/atari.md, "R2D2
-    # on Pong"). A sequence's cost is ~0.14 ms per frame forward (online and target
-    # nets over every frame) and ~0.27 ms per trained frame backward (from V-trace's
+    # Atari on 2 CPU cores (paper values in brackets; docs/atari.md, "R2D2 on Pong").
+    # A sequence costs ~0.14 ms per frame forward (online and target nets over every
+    # frame) and ~0.27 ms per trained frame backward (from V-trace's
     # Nature CNN step), so the paper's batch of 64 x (40 + 80 + 1) frames would take ~3.5
     # s a step here. Shorter sequences [burn-in 40, trace 80, period 40] -> 10 / 20 / 10
     # over frame stacks (the stack carries the short-term memory; the burn-in only
-    # warms the stored LSTM state), batch 16 [64], LSTM 256 [512]: ~0.2 s a step.
+    # warms the stored LSTM state), batch 16 [64], LSTM 256 [512]: ~0.2 s a step
+    # (estimated from those costs).
     # samples_per_insert 1: each env step is trained on about twice (trace 20 over
     # period 10), R2D2's own ratio (~1.5-2), and acting waits for the learner instead of
     # filling the replay with data it never trains on. Target copied every 400 steps

@@ -454,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
       builder = registry.make_builder(case.agent, case.env)
+      if getattr(builder.config, 'sgd_steps_per_sample', 1) != 1:
+        # One gradient step per timed call (SAC's MuJoCo default fuses 4 per sample).
+        builder = registry.make_builder(case.agent, case.env, sgd_steps_per_sample=1)
       with tf.device(device):
         networks = builder.make_networks(case.spec)
       inference += time_inference(case, builder, networks, device, args.batch_sizes,
