@@ -15,6 +15,7 @@ Nothing here knows which agent it runs or how the program is launched (`launcher
 """
 
 import functools
+import os
 from typing import Callable
 
 import cloudpickle
@@ -37,6 +38,17 @@ ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREA
              'CUDA_VISIBLE_DEVICES': ''}
 
 
+def replay_checkpoint_dir(config: ProgramConfig,
+                          replay_interval_s: float | None) -> str | None:
+  """Where the replay node keeps its checkpoints across program runs: `<logdir>/replay`
+  when the run checkpoints (a rerun on the logdir resumes learner and replay), else
+  None (a temporary directory, for crash restarts within the run only). A logdir that
+  is a URL (gs://...) keeps no replay: Reverb checkpoints to local files."""
+  if replay_interval_s is None or not config.checkpoint_interval_s or '://' in config.logdir:
+    return None
+  return os.path.join(config.logdir, 'replay')
+
+
 def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
                  config: ProgramConfig,
                  stop_program: Callable[[], None] | None = None,
@@ -55,10 +67,12 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
   builder.check_spec(spec)
   program = lp.Program(name)
   with program.group('replay'):
+    replay_interval = builder.replay_checkpoint_interval_s
     replay_node = ReplayNode(functools.partial(builder.make_replay_tables, spec),
                              supervise=config.supervise,
-                             checkpoint_interval_s=builder.replay_checkpoint_interval_s,
-                             standby=config.standby_restarts)
+                             checkpoint_interval_s=replay_interval,
+                             standby=config.standby_restarts,
+                             checkpoint_dir=replay_checkpoint_dir(config, replay_interval))
     replay = program.add_node(replay_node)
   courier_kwargs = {'thread_pool_size': config.num_actors + 16}
   central_args = dict(builder=builder, spec=spec, config=config, stop_program=stop_program)

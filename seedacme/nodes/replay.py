@@ -26,17 +26,22 @@ class ReplayNode(lp.ReverbNode):
     (`serve_replay`) that is restarted on the same port when it dies; the
     central node's writers and the learner's dataset reconnect by themselves.
   * Checkpointed (`checkpoint_interval_s`): the child writes a Reverb checkpoint this
-    often into a directory owned by this (supervisor) process, and a restarted child
-    loads the latest one -- R2D2's prioritized replay survives a crash. The directory
-    is removed when the node stops: a resumed *program* still starts with empty tables.
+    often, and a restarted child loads the latest one -- R2D2's and SAC's replay
+    survives a crash. With `checkpoint_dir` (the program passes `<logdir>/replay` when
+    it checkpoints) the directory outlives the program, so a resumed run (the same
+    command on the same logdir) starts with the replay as of its last checkpoint, at
+    most `checkpoint_interval_s` old; without it, a temporary directory that is removed
+    when the node stops.
   * Grace period: Launchpad signals every node at once. If the Reverb server vanished
     first, a learner waiting inside a Reverb sample would block on a dead server
     instead of timing out normally and seeing the stop signal.
   """
 
   def __init__(self, priority_tables_fn, grace_s: float = 2.0, supervise: bool = True,
-               checkpoint_interval_s: float | None = None, standby: bool = False):
+               checkpoint_interval_s: float | None = None, standby: bool = False,
+               checkpoint_dir: str | None = None):
     super().__init__(priority_tables_fn)
+    self.checkpoint_dir = checkpoint_dir
     self._grace_s = grace_s
     self._supervise = supervise
     self._checkpoint_interval_s = checkpoint_interval_s
@@ -44,7 +49,10 @@ class ReplayNode(lp.ReverbNode):
 
   def run(self):
     # Reverb's default checkpointer makes a temp dir per server and never removes it.
-    checkpoint_dir = tempfile.mkdtemp(prefix='seedacme_reverb_')
+    persistent = self.checkpoint_dir is not None
+    if persistent:
+      os.makedirs(self.checkpoint_dir, exist_ok=True)
+    checkpoint_dir = self.checkpoint_dir or tempfile.mkdtemp(prefix='seedacme_reverb_')
     port = lp.get_port_from_address(self._address.resolve())
     kwargs = dict(port=port, tables_fn=self._priority_tables_fn,
                   checkpoint_dir=checkpoint_dir, grace_s=self._grace_s,
@@ -56,7 +64,8 @@ class ReplayNode(lp.ReverbNode):
       else:
         serve_replay(stop_event=None, **kwargs)
     finally:
-      shutil.rmtree(checkpoint_dir, ignore_errors=True)
+      if not persistent:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if self._supervise:
       exit_node()  # the server is stopped and its files gone (see exit_node)
 
@@ -75,12 +84,24 @@ def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Calla
   if stop_event is None:
     stop_event = default_stop_event()
   restoring = bool(os.listdir(checkpoint_dir))
-  server = reverb.Server(tables=tables_fn(), port=port,
-                         checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
-  client = reverb.Client(f'localhost:{port}')
-  if restoring:
-    sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
-    logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
+  server = None
+  try:
+    server = reverb.Server(
+        tables=tables_fn(), port=port,
+        checkpointer=reverb.checkpointers.DefaultCheckpointer(checkpoint_dir))
+    client = reverb.Client(f'localhost:{port}')
+    if restoring:
+      sizes = {name: t.current_size for name, t in client.server_info(timeout=5).items()}
+      logging.info('replay: restored the latest checkpoint: table sizes %s', sizes)
+  except Exception as e:  # pylint: disable=broad-except
+    if server is not None:
+      server.stop()
+    if not restoring:
+      raise
+    raise RuntimeError(
+        f'replay: cannot restore the checkpoint in {checkpoint_dir} ({e}); it was written '
+        'by tables of another shape (another agent or config on this logdir?): move it '
+        'away to start with empty tables') from e
   try:
     while not stop_event.wait(checkpoint_interval_s or 3600.0):
       if checkpoint_interval_s is None:
