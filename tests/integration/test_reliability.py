@@ -147,10 +147,10 @@ def test_killed_replay_node_restarts_and_vtrace_goes_on(tmp_path):
 
 
 def _replay_checkpoints(run: Run) -> list:
-  """Completed Reverb checkpoints in the replay node's directory (under the run's TMPDIR)."""
-  root = os.path.join(os.path.dirname(run.logdir), 'tmp')
-  return [os.path.join(root, d, c) for d in os.listdir(root) if d.startswith('seedacme_reverb_')
-          for c in os.listdir(os.path.join(root, d))]
+  """Reverb checkpoints in the replay node's directory (`<logdir>/replay`: the run
+  checkpoints, so its replay is kept for a resume)."""
+  root = os.path.join(run.logdir, 'replay')
+  return [os.path.join(root, c) for c in os.listdir(root)] if os.path.isdir(root) else []
 
 
 @pytest.mark.timeout(300)
@@ -185,3 +185,4 @@ def test_killed_replay_node_restores_the_replay_from_its_checkpoint(tmp_path, pr
   assert not os.listdir(os.path.join(os.path.dirname(run.logdir), 'tmp')) or \
       not any(d.startswith('seedacme_reverb_')
               for d in os.listdir(os.path.join(os.path.dirname(run.logdir), 'tmp')))
+  assert _replay_checkpoints(run)  # kept in the logdir: a resumed run reloads it
