@@ -15,24 +15,15 @@ from seedacme.agents.r2d2.learning import R2D2Learner
 from seedacme.agents.sac import SACBuilder, SACConfig
 from seedacme.agents.sac.learning import SACLearner
 from seedacme.learner.loop import LearnerLoop
-from seedacme.types import FIRST, MID, EnvSpec
+from seedacme.launchers import accelerator_check
+from seedacme.types import EnvSpec
 
 K, B = 3, 4
 
 
 def _batch(signature, n, seed=0):
-  rng = np.random.default_rng(seed)
-
-  def fill(s):
-    shape = (n,) + tuple(s.shape)
-    if s.dtype == tf.int8:  # step types: one episode start, no ends
-      x = np.full(shape, MID, np.int8)
-      x[:, 0] = FIRST
-      return tf.constant(x)
-    if s.dtype.is_integer:
-      return tf.constant(rng.integers(0, 3, shape).astype(s.dtype.as_numpy_dtype))
-    return tf.constant(rng.normal(size=shape).astype(s.dtype.as_numpy_dtype))
-  return tf.nest.map_structure(fill, signature)
+  """n items of `signature`: FIRST then MID steps, random observations and actions."""
+  return accelerator_check.synthetic_batch(signature, n, num_actions=3, seed=seed)
 
 
 def _slice(batch, i):
