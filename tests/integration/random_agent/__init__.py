@@ -59,15 +59,19 @@ class CountingSink(builder_lib.TrajectorySink):
 
 
 class CountingLearner(builder_lib.Learner):
-  """One 'step' per `learner_step_s`; its counter is checkpointed."""
+  """One 'step' per `learner_step_s` once the sink has seen data (before that, like a
+  learner whose dataset is empty, no step); its counter is checkpointed."""
 
-  def __init__(self, counter, step_s: float):
+  def __init__(self, counter, step_s: float, sink: CountingSink):
     self._counter = counter
     self._step_s = step_s
+    self._sink = sink
 
-  def step(self) -> Dict[str, float]:
+  def step(self) -> Dict[str, float] | None:
     import time  # pylint: disable=g-import-not-at-top
     time.sleep(self._step_s)
+    if not self._sink.steps:
+      return None  # no data yet: actors still starting
     self._counter.assign_add(1)
     return {'updates': float(self._counter.numpy())}
 
@@ -117,11 +121,17 @@ class RandomBuilder(builder_lib.SeedBuilder):
                   num_envs: int) -> StatelessPolicy:
     return RandomPolicy(num_envs, spec.num_actions, self.config.seed)
 
+  def _sink(self) -> CountingSink:
+    """The one sink of this central node, which the learner also reads."""
+    if getattr(self, '_counting_sink', None) is None:
+      self._counting_sink = CountingSink()
+    return self._counting_sink
+
   def make_trajectory_sink(self, replay_client, num_envs: int, spec: EnvSpec):
-    return CountingSink()
+    return self._sink()
 
   def make_learner(self, networks, replay_client, spec: EnvSpec):
-    return CountingLearner(networks.updates, self.config.learner_step_s)
+    return CountingLearner(networks.updates, self.config.learner_step_s, self._sink())
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__, fromlist=['_']))
