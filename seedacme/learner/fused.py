@@ -16,17 +16,20 @@ import tensorflow as tf
 
 
 def slices(k: int, *nests: Any) -> List[tuple]:
-  """The k consecutive slices along the first axis of every tensor of `nests`:
-  `[(nest_0 slice 0, nest_1 slice 0, ...), ...]`."""
+  """Up to k consecutive slices along the first axis of every tensor of `nests`:
+  `[(nest_0 slice 0, nest_1 slice 0, ...), ...]`.
+
+  A full sample splits into k equal slices; a short one (Reverb's dataset ends a batch
+  early when sampling waited longer than its timeout) into k slices whose sizes differ
+  by at most one, or fewer when it holds fewer than k items: no item is dropped and
+  none is used twice.
+  """
   if k == 1:
     return [nests]
-  first = tf.nest.flatten(nests)[0]
-  n = int(first.shape[0])
-  if n % k:
-    raise ValueError(f'a batch of {n} items does not split into {k} gradient steps')
-  size = n // k
-  return [tuple(tf.nest.map_structure(lambda x, i=i: x[i * size:(i + 1) * size], nest)
-                for nest in nests) for i in range(k)]
+  n = int(tf.nest.flatten(nests)[0].shape[0])
+  edges = [i * n // k for i in range(k + 1)]
+  return [tuple(tf.nest.map_structure(lambda x, a=a, b=b: x[a:b], nest) for nest in nests)
+          for a, b in zip(edges, edges[1:]) if b > a]
 
 
 def mean_metrics(metrics: Sequence[Dict[str, Any]]) -> Dict[str, float]:

@@ -14,6 +14,7 @@ from seedacme.agents.r2d2 import R2D2Builder, R2D2Config
 from seedacme.agents.r2d2.learning import R2D2Learner
 from seedacme.agents.sac import SACBuilder, SACConfig
 from seedacme.agents.sac.learning import SACLearner
+from seedacme.learner import fused
 from seedacme.learner.loop import LearnerLoop
 from seedacme.launchers import accelerator_check
 from seedacme.types import EnvSpec
@@ -153,3 +154,13 @@ def test_a_bad_count_is_refused():
     SACConfig(sgd_steps_per_sample=0)
   with pytest.raises(ValueError, match='sgd_steps_per_sample'):
     R2D2Config(sgd_steps_per_sample=0)
+
+
+@pytest.mark.parametrize('n,sizes', [(12, [4, 4, 4]), (10, [3, 3, 4]), (2, [1, 1])])
+def test_a_short_sample_splits_without_dropping_or_repeating_items(n, sizes):
+  x = tf.range(n)
+  parts = fused.slices(3, x, {'y': 2 * x})
+  assert [int(p[0].shape[0]) for p in parts] == sizes
+  np.testing.assert_array_equal(np.concatenate([p[0].numpy() for p in parts]), np.arange(n))
+  np.testing.assert_array_equal(np.concatenate([p[1]['y'].numpy() for p in parts]),
+                                2 * np.arange(n))
