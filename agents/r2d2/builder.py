@@ -62,8 +62,7 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def make_replay_tables(self, spec: EnvSpec) -> List[reverb.Table]:
     c = self.config
-    limiter = rate_limiter(c.samples_per_insert, c.min_replay_size,
-                           c.batch_size * c.sgd_steps_per_sample)
+    limiter = rate_limiter(c.samples_per_insert, c.min_replay_size, c.sample_size)
     return [reverb.Table(
         name=self.table, sampler=reverb.selectors.Prioritized(c.priority_exponent),
         remover=reverb.selectors.Fifo(), max_size=c.replay_size, rate_limiter=limiter,
@@ -116,9 +115,8 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def make_learner(self, networks_: R2D2Networks, replay_client,
                    spec: EnvSpec) -> learning.R2D2Learner:
-    c = self.config
     batches = ReverbBatches(replay_client.server_address, self.table,
-                            c.batch_size * c.sgd_steps_per_sample, with_info=True)
+                            self.config.sample_size, with_info=True)
     return learning.R2D2Learner(networks_.online, networks_.target, self.config, batches,
                                 replay_client, self.table,
                                 item_signature=self.item_signature(spec))

@@ -74,6 +74,11 @@ class R2D2Config:
                        'must be >= 1')
 
   @property
+  def sample_size(self) -> int:
+    """Items per sample: a batch for each of the `sgd_steps_per_sample` steps."""
+    return self.batch_size * self.sgd_steps_per_sample
+
+  @property
   def sequence_length(self) -> int:
     """Steps per stored sequence: burn-in + trace + one bootstrap step."""
     return self.burn_in + self.trace_length + 1

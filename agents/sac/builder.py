@@ -78,8 +78,7 @@ class SACBuilder(builder_lib.SeedBuilder):
 
   def make_replay_tables(self, spec: EnvSpec) -> List[reverb.Table]:
     c = self.config
-    limiter = rate_limiter(c.samples_per_insert, c.min_replay_size,
-                           c.batch_size * c.sgd_steps_per_sample)
+    limiter = rate_limiter(c.samples_per_insert, c.min_replay_size, c.sample_size)
     return [reverb.Table(name=self.table, sampler=reverb.selectors.Uniform(),
                          remover=reverb.selectors.Fifo(), max_size=c.replay_size,
                          rate_limiter=limiter, signature=self.item_signature(spec))]
@@ -115,9 +114,8 @@ class SACBuilder(builder_lib.SeedBuilder):
                                   self._to_items, layout=self.layout(spec)))
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.SACLearner:
-    c = self.config
     batches = ReverbBatches(replay_client.server_address, self.table,
-                            c.batch_size * c.sgd_steps_per_sample)
+                            self.config.sample_size)
     return learning.SACLearner(networks_, self.config, batches,
                                item_signature=self.item_signature(spec),
                                layout=self.layout(spec))

@@ -73,3 +73,8 @@ class SACConfig:
     if self.min_replay_size < self.batch_size:
       raise ValueError(f'SACConfig: min_replay_size={self.min_replay_size} must hold a '
                        f'batch of {self.batch_size}')
+
+  @property
+  def sample_size(self) -> int:
+    """Items per sample: a batch for each of the `sgd_steps_per_sample` steps."""
+    return self.batch_size * self.sgd_steps_per_sample

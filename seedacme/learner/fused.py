@@ -3,7 +3,7 @@
 A replay learner (SAC, R2D2) with `sgd_steps_per_sample = k` samples `k * batch_size`
 items at once and takes k gradient steps, each on its own consecutive slice, through
 its one compiled single step (Acme's `num_sgd_steps_per_step`). What is saved per step
-is the sample's round trip, R2D2's priority update, and the metrics' copy to the host;
+is the sample's round trip and dataset overhead, and R2D2's priority update;
 the compiled step stays one step, so tracing it costs what it did (unrolling k steps
 into one graph had taken R2D2 CartPole's trace from 7 s to 26 s, all of it before the
 first learner step). Measured in bench/learner_share.py (docs/benchmarks.md).
