@@ -265,6 +265,22 @@ def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
   return float(sum(rates))
 
 
+def interrupt_on_stop_signals() -> None:
+  """Makes SIGTERM, and SIGINT, raise KeyboardInterrupt in this process.
+
+  The long benchmarks stop their program cleanly on KeyboardInterrupt (the launcher
+  writes the run's summary). A script started in the background by a non-interactive
+  shell inherits SIGINT *ignored*, so Ctrl-C's signal sent by `kill -INT` did nothing
+  (seen: a SAC seed ran on after it); and `kill` sends SIGTERM, which killed the script
+  and left its program running with no one to read it back.
+  """
+  def _interrupt(signum, frame):
+    del frame
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+  signal.signal(signal.SIGINT, _interrupt)
+  signal.signal(signal.SIGTERM, _interrupt)
+
+
 def split_passthrough(argv: List[str]) -> 'tuple[List[str], List[str]]':
   """`[own args] -- [run_local args]` -> (own args, args passed through to run_local)."""
   if '--' not in argv:

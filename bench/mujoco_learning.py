@@ -175,6 +175,7 @@ def main() -> int:
   parser.add_argument('--smoke', action='store_true', help='one 30k-step run, 60 s cap')
   argv, passthrough = harness.split_passthrough(sys.argv[1:])
   args = parser.parse_args(argv)
+  harness.interrupt_on_stop_signals()
   if args.smoke:
     args.env_steps, args.cap_s, args.out = 30_000, 60.0, 'mujoco_learning_smoke'
     args.runs = ['HalfCheetah-v5:ppo:0']

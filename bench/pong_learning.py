@@ -247,6 +247,7 @@ def main() -> int:
                       help='only redo the ceiling, curves and summary of an ended run')
   argv, passthrough = harness.split_passthrough(sys.argv[1:])
   args = parser.parse_args(argv)
+  harness.interrupt_on_stop_signals()
   if args.resummarize:
     return resummarize(os.path.abspath(args.resummarize), args.ceiling_seconds)
   if args.smoke:

@@ -58,6 +58,7 @@ def main():
   parser.add_argument('--agent', default='vtrace')
   parser.add_argument('--max_growth', type=float, default=0.05)
   args = parser.parse_args()
+  harness.interrupt_on_stop_signals()
   minutes = args.minutes or (2.0 if args.quick else 30.0)
   warmup_s = min(60.0, 0.3 * minutes * 60)
   tag = uuid.uuid4().hex
