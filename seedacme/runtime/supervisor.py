@@ -50,13 +50,20 @@ class Supervisor:
   `standby_imports`: keep a standby child with these modules imported (module
   docstring), started `standby_delay_s` after the working child (not to compete with
   its start-up); it takes over at once from a child that ran for over `crash_loop_s`.
+
+  `give_up_after`: that many children in a row dying within `short_run_s` of their start
+  is a failure a restart does not fix (seen: a learner failing at its first step, a
+  replay node given another config's checkpoints, each restarted every 30 s for good):
+  the supervisor then fails, as on a fatal error, naming the count and the exit code.
+  With the backoff that is ~3 minutes of tries plus the children's start-ups.
   """
 
   def __init__(self, target: Callable[..., None], kwargs: Dict[str, Any], name: str,
                stop_event: threading.Event | None = None,
                restart_backoff_s: float = 1.0, max_backoff_s: float = 30.0,
                stop_timeout_s: float = 6.0, standby_imports: tuple = (),
-               crash_loop_s: float = 10.0, standby_delay_s: float = 10.0):
+               crash_loop_s: float = 10.0, standby_delay_s: float = 10.0,
+               give_up_after: int = 10, short_run_s: float = 300.0):
     self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports)))
     self._name = name
     self._stop = stop_event
@@ -66,6 +73,8 @@ class Supervisor:
     self._use_standby = bool(standby_imports)
     self._crash_loop_s = crash_loop_s
     self._standby_delay_s = standby_delay_s
+    self._give_up_after = give_up_after
+    self._short_run_s = short_run_s
     self.restarts = 0
     self.child: subprocess.Popen | None = None
     self.standby: subprocess.Popen | None = None
@@ -136,6 +145,7 @@ class Supervisor:
       self._stop = default_stop_event()
     backoff = self._backoff
     died_after_s = None
+    short_deaths = 0  # in a row
     try:
       while not self._stop.is_set():
         self.child = self._next_child(died_after_s)
@@ -154,8 +164,14 @@ class Supervisor:
         if code == FATAL_EXIT_CODE:
           raise RuntimeError(f'{self._name}: child {self.child.pid} refused to run (its '
                              f'error is logged above); not restarting it')
-        if time.monotonic() - started > 60:
+        if died_after_s > 60:
           backoff = self._backoff  # it ran a while: not a crash loop
+        short_deaths = short_deaths + 1 if died_after_s < self._short_run_s else 0
+        if short_deaths >= self._give_up_after:
+          raise RuntimeError(
+              f'{self._name}: {short_deaths} children in a row died within '
+              f'{self._short_run_s:.0f}s of starting (the last, process {self.child.pid}, '
+              f'with exit code {code}; its error is logged above); not restarting it')
         self.restarts += 1
         now = self._standby_takes_over(died_after_s)
         logging.warning('%s: child %d died (exit code %d); restart #%d %s', self._name,

@@ -80,3 +80,42 @@ def test_a_crash_loop_backs_off_instead_of_using_the_standby(tmp_path, wait_unti
   starts = sorted(os.stat(os.path.join(tmp_path, p)).st_mtime for p in os.listdir(tmp_path))
   assert len(starts) >= 3
   assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.4, starts
+
+
+@pytest.mark.timeout(90)
+def test_children_dying_at_start_in_a_row_make_it_give_up(tmp_path):
+  sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test',
+                   stop_event=threading.Event(), restart_backoff_s=0.05,
+                   give_up_after=3, short_run_s=60.0)
+  with pytest.raises(RuntimeError, match=r'test: 3 children in a row died within 60s .*'
+                     r'exit code 3'):
+    sup.run()
+  assert len(_started(tmp_path)) == 3
+  assert sup.child.poll() is not None
+
+
+@pytest.mark.timeout(90)
+def test_children_that_ran_past_short_run_s_do_not_count(tmp_path, wait_until):
+  """The same failing child with short_run_s 0: every death is past it, none counts."""
+  stop = threading.Event()
+  sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test', stop_event=stop,
+                   restart_backoff_s=0.05, max_backoff_s=0.05, give_up_after=3,
+                   short_run_s=0.0)
+  errors = []
+  thread = threading.Thread(target=lambda: errors.extend(_run_catching(sup)))
+  thread.start()
+  try:
+    assert wait_until(lambda: len(_started(tmp_path)) >= 5)
+  finally:
+    stop.set()
+    thread.join(30)
+  assert not thread.is_alive()
+  assert not errors
+
+
+def _run_catching(sup):
+  try:
+    sup.run()
+  except RuntimeError as e:
+    return [e]
+  return []
