@@ -92,6 +92,17 @@ def machine() -> Dict[str, Any]:
           'date': time.strftime('%Y-%m-%d %H:%M')}
 
 
+def git(*args: str) -> str:
+  return subprocess.run(['git', *args], cwd=REPO, capture_output=True,
+                        text=True).stdout.strip()
+
+
+def commit() -> Dict[str, Any]:
+  """The checkout's commit, and whether tracked files differ from it."""
+  return {'commit': git('rev-parse', 'HEAD'),
+          'worktree_dirty': bool(git('status', '--porcelain', '--untracked-files=no'))}
+
+
 class ProgramRun:
   """One `run_local` program, watched from outside."""
 

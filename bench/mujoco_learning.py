@@ -79,11 +79,6 @@ def launch(cmd: List[str], logdir: str, cap_s: float,
           'agent_config': agent_config}
 
 
-def git(*args: str) -> str:
-  return subprocess.run(['git', *args], cwd=harness.REPO, capture_output=True,
-                        text=True).stdout.strip()
-
-
 def analyse(records: List[Dict[str, Any]],
             summary: Dict[str, Any] | None) -> 'tuple[Dict[str, Any], list]':
   """The figures of one run from its progress records (every segment) and summary, and
@@ -224,8 +219,7 @@ def main() -> int:
       print('mujoco_learning: interrupted: the runs after this one are not started')
       break
   payload = {
-      'machine': harness.machine(), 'commit': git('rev-parse', 'HEAD'),
-      'worktree_dirty': bool(git('status', '--porcelain', '--untracked-files=no')),
+      'machine': harness.machine(), **harness.commit(),
       'command': ' '.join([rel(sys.executable), rel(os.path.abspath(__file__)), *sys.argv[1:]]),
       'settings': {**{k: getattr(args, k) for k in ('env_steps', 'actors', 'envs_per_actor',
                    'cap_s', 'agent_config')}, 'passthrough': passthrough},

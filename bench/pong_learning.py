@@ -17,7 +17,9 @@
    run's acting throughput is reported as a fraction of it.
 4. Writes <logdir>/curve.csv and curve.png (seedacme/run/curves.py) and a JSON summary
    (frames/s, duration, returns, the baseline, the ceiling) to
-   <logdir>/learning_summary.json and bench/results/pong_learning[_smoke].json.
+   <logdir>/learning_summary.json and bench/results/pong_learning[_smoke].json, with
+   every launch of the run on its logdir (`launches`: date, commit, load before and
+   after, wall time; kept in <logdir>/bench_run.json) and the machine.
 
 `--resummarize LOGDIR` redoes steps 3-4 for a run that already ended (or was stopped),
 keeping its recorded baseline and command.
@@ -51,6 +53,22 @@ PUBLISHED_RANDOM = {'Pong': -20.7}
 
 # Training averages whose first crossing is reported (env steps, run time).
 MILESTONES = (-15.0, 0.0, 10.0, 18.0)
+RUN_FILE = 'bench_run.json'  # in the logdir: every launch of this run by this bench
+
+
+def read_launches(logdir: str) -> List[Dict[str, Any]]:
+  path = os.path.join(logdir, RUN_FILE)
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return json.load(f)['launches']
+
+
+def record_launch(logdir: str, launch: Dict[str, Any]) -> List[Dict[str, Any]]:
+  launches = read_launches(logdir) + [launch]
+  with open(os.path.join(logdir, RUN_FILE), 'w') as f:
+    json.dump({'launches': launches}, f, indent=1)
+  return launches
 
 
 def random_baseline(game: str, episodes: int, num_envs: int = 16,
@@ -215,7 +233,8 @@ def resummarize(logdir: str, ceiling_seconds: float) -> int:
     old = json.load(f)
   program = _program_of(old)
   # The logdir given, not the recorded one: the run may have been moved or copied.
-  result = {**old, 'logdir': logdir, 'program': program,
+  result = {**old, 'logdir': logdir, 'program': program, 'machine': harness.machine(),
+            'launches': read_launches(logdir) or old.get('launches', []),
             **summarize(logdir, old['wall_s'], old['returncode'])}
   result['env_ceiling'] = measure_ceiling(program, ceiling_seconds)
   return finish(result, smoke=False)
@@ -273,14 +292,20 @@ def main() -> int:
     cmd += ['--target_return', str(args.target_return)]
   cmd += passthrough
   print('run: ' + ' '.join(cmd[1:]), flush=True)
+  os.makedirs(logdir, exist_ok=True)
+  launch = {'date': time.strftime('%Y-%m-%d %H:%M'), **harness.commit(),
+            'load_1m_before': os.getloadavg()[0]}
   start = time.monotonic()
   returncode = run_to_end(cmd)
   wall_s = time.monotonic() - start
+  launches = record_launch(logdir, {**launch, 'wall_s': wall_s, 'returncode': returncode,
+                                    'load_1m_after': os.getloadavg()[0]})
 
   program = {'game': args.game, 'num_actors': args.num_actors,
              'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
   result = {'game': args.game, 'agent': args.agent, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
-            'program': program, 'random_baseline': baseline,
+            'program': program, 'random_baseline': baseline, 'machine': harness.machine(),
+            'launches': launches,
             **summarize(logdir, wall_s, returncode)}
   result['env_ceiling'] = measure_ceiling(program, args.ceiling_seconds)
   return finish(result, args.smoke)
