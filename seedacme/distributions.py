@@ -10,7 +10,7 @@ picks the head for the env. A head splits an action into two forms:
 * `to_env(raw)`: what the env takes (int32 index, or a float32 action inside bounds).
 
 Everything is plain TF math with the sampling generator passed in, because heads run
-inside the server's XLA-compiled batch step (`jit_compile=True`) and inside the
+inside the server's compiled batch step (XLA-compiled where `use_xla` says) and inside the
 learner's tf.function: no TF Probability, no data-dependent shapes. Methods take any
 leading dimensions (`[N, ...]` on the server, `[T, B, ...]` in the learner).
 """

@@ -13,7 +13,7 @@ from seedacme.agents import r2d2, vtrace
 from seedacme.types import EnvSpec
 from seedacme.serving.server import InferenceServer
 from seedacme.wire.protocol import make_request
-from seedacme.serving.tf_policy import bucket_sizes
+from seedacme.serving.tf_policy import bucket_sizes, use_xla
 
 SPEC = EnvSpec(observation_shape=(3,), observation_dtype='float32', num_actions=4)
 NUM_ENVS = 10
@@ -124,6 +124,47 @@ def test_r2d2_q_values_greedy_actions_and_state_equal_the_network():
     np.testing.assert_array_equal(out.action, np.argmax(q.numpy(), axis=-1))
   for got, want in zip(tf.nest.flatten(policy.state_of(ids)), tf.nest.flatten(state)):
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_xla_on_accelerators_and_for_vector_observations_only():
+  image = EnvSpec((44, 44, 4), 'uint8', 6)
+  assert use_xla('/CPU:0', SPEC) and use_xla('/job:localhost/replica:0/task:0/device:CPU:2',
+                                             SPEC)
+  assert not use_xla('/CPU:0', image)
+  assert not use_xla('/job:localhost/replica:0/task:0/device:CPU:1', image)
+  assert use_xla('/GPU:0', image) and use_xla('/device:TPU:0', image)
+  assert _vtrace_policy()[1].jit_compile
+
+
+def test_the_environment_can_force_xla_on_or_off(monkeypatch):
+  image = EnvSpec((44, 44, 4), 'uint8', 6)
+  monkeypatch.setenv('SEEDACME_INFERENCE_XLA', '1')
+  assert use_xla('/CPU:0', image)
+  monkeypatch.setenv('SEEDACME_INFERENCE_XLA', '0')
+  assert not use_xla('/GPU:0', SPEC)
+  monkeypatch.setenv('SEEDACME_INFERENCE_XLA', 'yes')
+  with pytest.raises(ValueError, match="SEEDACME_INFERENCE_XLA='yes'"):
+    use_xla('/CPU:0', SPEC)
+
+
+def test_image_policy_without_xla_equals_the_network():
+  """The conv policy (not XLA-compiled on the CPU) still computes what the network does."""
+  image = EnvSpec((44, 44, 4), 'uint8', 6)
+  builder = r2d2.R2D2Builder(r2d2.R2D2Config(torso='nature_cnn', lstm_size=8))
+  nets = builder.make_networks(image)
+  policy = builder.make_policy(nets, image, num_train_envs=4, num_envs=6)
+  assert not policy.jit_compile
+  rng = np.random.default_rng(4)
+  ids = np.array([5, 4])
+  state = nets.online.initial_state(2)
+  for t in range(3):
+    obs = rng.integers(0, 256, (2, 44, 44, 4)).astype(np.uint8)
+    out = policy.step(ids, obs, np.full(2, t == 0), np.ones(2, bool))
+    q, state = nets.online(tf.constant(obs), state)
+    np.testing.assert_allclose(out.extras['q'], q.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out.action, np.argmax(q.numpy(), axis=-1))
+  for got, want in zip(tf.nest.flatten(policy.state_of(ids)), tf.nest.flatten(state)):
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_sampled_actions_follow_the_logits():
