@@ -106,8 +106,10 @@ def commit() -> Dict[str, Any]:
 class ProgramRun:
   """One `run_local` program, watched from outside."""
 
-  def __init__(self, args: List[str], name: str, workdir: str | None = None):
+  def __init__(self, args: List[str], name: str, workdir: str | None = None,
+               env: Dict[str, str] | None = None):
     self.name = name
+    self.env = dict(env or {})  # added to the program's environment
     self.tag = uuid.uuid4().hex
     self.workdir = workdir or tempfile.mkdtemp(prefix=f'seedacme_bench_{name}_')
     self.logdir = os.path.join(self.workdir, 'logdir')
@@ -129,7 +131,7 @@ class ProgramRun:
     start = time.monotonic()
     with open(os.path.join(self.workdir, 'stdout.txt'), 'w') as out:
       proc = process.start([*self.args, '--progress_interval_s', '1'], None, out,
-                           env={TAG_VAR: self.tag}, cwd=REPO)
+                           env={**self.env, TAG_VAR: self.tag}, cwd=REPO)
       timed_out = False
       while proc.poll() is None:
         time.sleep(0.5)
