@@ -117,8 +117,9 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # Nature CNN step), so the paper's batch of 64 x (40 + 80 + 1) frames would take ~3.5
     # s a step here. Shorter sequences [burn-in 40, trace 80, period 40] -> 10 / 20 / 10
     # over frame stacks (the stack carries the short-term memory; the burn-in only
-    # warms the stored LSTM state), batch 16 [64], LSTM 256 [512]: ~0.2 s a step
-    # (estimated from those costs).
+    # warms the stored LSTM state), batch 16 [64], LSTM 256 [512]: estimated ~0.2 s a
+    # step from those costs, measured 0.31-0.38 s alone and ~2 steps/s in the 2x16
+    # program (bench/published/learner_share_r2d2_atari.json).
     # samples_per_insert 1: each env step is trained on about twice (trace 20 over
     # period 10), R2D2's own ratio (~1.5-2), and acting waits for the learner instead of
     # filling the replay with data it never trains on. Target copied every 400 steps
