@@ -68,14 +68,7 @@ def test_a_crash_loop_backs_off_instead_of_using_the_standby(tmp_path, wait_unti
   stop = threading.Event()
   sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test', stop_event=stop,
                    standby_imports=('json',), restart_backoff_s=0.5, crash_loop_s=30.0)
-  thread = threading.Thread(target=sup.run)
-  thread.start()
-  try:
-    assert wait_until(lambda: len(_started(tmp_path)) >= 3)
-  finally:
-    stop.set()
-    thread.join(30)
-  assert not thread.is_alive()
+  assert not _run_until_started(sup, stop, tmp_path, wait_until, 3)
   # Each restart waited for the backoff (a standby taking over would start at once).
   starts = sorted(os.stat(os.path.join(tmp_path, p)).st_mtime for p in os.listdir(tmp_path))
   assert len(starts) >= 3
@@ -101,21 +94,25 @@ def test_children_that_ran_past_short_run_s_do_not_count(tmp_path, wait_until):
   sup = Supervisor(_targets()[1], {'directory': str(tmp_path)}, 'test', stop_event=stop,
                    restart_backoff_s=0.05, max_backoff_s=0.05, give_up_after=3,
                    short_run_s=0.0)
+  assert not _run_until_started(sup, stop, tmp_path, wait_until, 5)
+
+
+def _run_until_started(sup, stop, directory, wait_until, children):
+  """Runs `sup` on a thread until `children` children have started, then stops it;
+  returns what it raised ([] if nothing)."""
   errors = []
-  thread = threading.Thread(target=lambda: errors.extend(_run_catching(sup)))
+
+  def run():
+    try:
+      sup.run()
+    except RuntimeError as e:
+      errors.append(e)
+  thread = threading.Thread(target=run)
   thread.start()
   try:
-    assert wait_until(lambda: len(_started(tmp_path)) >= 5)
+    assert wait_until(lambda: len(_started(directory)) >= children)
   finally:
     stop.set()
     thread.join(30)
   assert not thread.is_alive()
-  assert not errors
-
-
-def _run_catching(sup):
-  try:
-    sup.run()
-  except RuntimeError as e:
-    return [e]
-  return []
+  return errors

@@ -109,21 +109,28 @@ def test_outputs_equal_the_network_env_by_env():
       np.testing.assert_allclose(got[i], want.numpy()[0], rtol=1e-5, atol=1e-6)
 
 
-def test_r2d2_q_values_greedy_actions_and_state_equal_the_network():
-  builder = r2d2.R2D2Builder(r2d2.R2D2Config(lstm_size=8, hidden_sizes=(8,)))
-  nets = builder.make_networks(SPEC)
-  policy = builder.make_policy(nets, SPEC, num_train_envs=4, num_envs=6)
-  rng = np.random.default_rng(3)
-  ids = np.array([4, 5])  # evaluation envs: greedy, evaluation epsilon 0
+def _r2d2_policy_equals_network(spec, config, observations, atol):
+  """Steps evaluation envs 5 and 4 (greedy, epsilon 0) through R2D2's policy and its
+  online network side by side: Q-values, actions and stored state agree. The policy."""
+  builder = r2d2.R2D2Builder(config)
+  nets = builder.make_networks(spec)
+  policy = builder.make_policy(nets, spec, num_train_envs=4, num_envs=6)
+  ids = np.array([5, 4])
   state = nets.online.initial_state(2)
-  for t in range(4):
-    obs = rng.random((2, 3), np.float32)
+  for t, obs in enumerate(observations):
     out = policy.step(ids, obs, np.full(2, t == 0), np.ones(2, bool))
     q, state = nets.online(tf.constant(obs), state)
-    np.testing.assert_allclose(out.extras['q'], q.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.extras['q'], q.numpy(), rtol=1e-5, atol=atol)
     np.testing.assert_array_equal(out.action, np.argmax(q.numpy(), axis=-1))
   for got, want in zip(tf.nest.flatten(policy.state_of(ids)), tf.nest.flatten(state)):
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=atol)
+  return policy
+
+
+def test_r2d2_q_values_greedy_actions_and_state_equal_the_network():
+  rng = np.random.default_rng(3)
+  _r2d2_policy_equals_network(SPEC, r2d2.R2D2Config(lstm_size=8, hidden_sizes=(8,)),
+                              [rng.random((2, 3), np.float32) for _ in range(4)], 1e-6)
 
 
 def test_xla_on_accelerators_and_for_vector_observations_only():
@@ -149,22 +156,11 @@ def test_the_environment_can_force_xla_on_or_off(monkeypatch):
 
 def test_image_policy_without_xla_equals_the_network():
   """The conv policy (not XLA-compiled on the CPU) still computes what the network does."""
-  image = EnvSpec((44, 44, 4), 'uint8', 6)
-  builder = r2d2.R2D2Builder(r2d2.R2D2Config(torso='nature_cnn', lstm_size=8))
-  nets = builder.make_networks(image)
-  policy = builder.make_policy(nets, image, num_train_envs=4, num_envs=6)
-  assert not policy.jit_compile
   rng = np.random.default_rng(4)
-  ids = np.array([5, 4])
-  state = nets.online.initial_state(2)
-  for t in range(3):
-    obs = rng.integers(0, 256, (2, 44, 44, 4)).astype(np.uint8)
-    out = policy.step(ids, obs, np.full(2, t == 0), np.ones(2, bool))
-    q, state = nets.online(tf.constant(obs), state)
-    np.testing.assert_allclose(out.extras['q'], q.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(out.action, np.argmax(q.numpy(), axis=-1))
-  for got, want in zip(tf.nest.flatten(policy.state_of(ids)), tf.nest.flatten(state)):
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+  policy = _r2d2_policy_equals_network(
+      EnvSpec((44, 44, 4), 'uint8', 6), r2d2.R2D2Config(torso='nature_cnn', lstm_size=8),
+      [rng.integers(0, 256, (2, 44, 44, 4)).astype(np.uint8) for _ in range(3)], 1e-5)
+  assert not policy.jit_compile
 
 
 def test_sampled_actions_follow_the_logits():
