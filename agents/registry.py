@@ -121,8 +121,10 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # step from those costs, measured 0.31-0.38 s alone and ~2 steps/s in the 2x16
     # program (bench/published/learner_share_r2d2_atari.json).
     # samples_per_insert 1: each env step is trained on about twice (trace 20 over
-    # period 10), R2D2's own ratio (~1.5-2), and acting waits for the learner instead of
-    # filling the replay with data it never trains on. Target copied every 400 steps
+    # period 10; DQN's and Acme's R2D2 defaults: ~8 times, which would cost 4x the
+    # wall-clock per env step here), and acting waits for the learner instead of filling the
+    # replay with data it never trains on. The Pong run's slow start (docs/atari.md,
+    # "R2D2 on Pong") is the other side of that trade. Target copied every 400 steps
     # [2,500] = 128k trained transitions, near DQN's 80k. Replay 25k sequences
     # (250k env steps) and a checkpoint every 10 minutes: the table is GBs.
     'atari': dict(torso='nature_cnn', lstm_size=256, reward_clip=1.0, burn_in=10,
