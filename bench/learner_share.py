@@ -144,7 +144,8 @@ def main() -> int:
   args = parser.parse_args()
   variants = [(v.split('=', 1)[0], shlex.split(v.split('=', 1)[1] if '=' in v else ''))
               for v in (args.variant or ['baseline='])]
-  program = (args.agent, args.env or next(e for a, e in PROGRAMS if a == args.agent))
+  default_env = next(e for a, e in PROGRAMS if a == args.agent)
+  program = (args.agent, args.env or default_env)
   if program not in PROGRAMS:
     parser.error(f'no program for {program[0]} on {program[1]}: one of '
                  + ', '.join(f'{a}:{e}' for a, e in PROGRAMS))
@@ -163,7 +164,7 @@ def main() -> int:
   for name, extra in variants:
     overrides = agent_overrides(extra)
     alone_rate = alone(args.agent, batch, overrides, args.alone_seconds, program[1],
-                       setenv_of(list(extra)))
+                       runs[name][0]['setenv'])
     med = lambda key, rs=runs[name]: float(np.median([x[key] for x in rs]))  # noqa: E731
     cpu = {g: float(np.median([x['cpu_cores'].get(g, np.nan) for x in runs[name]]))
            for g in GROUPS}
@@ -177,9 +178,9 @@ def main() -> int:
         f'load {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end')
   harness.print_table(rows, ['variant', 'learner_steps/s', 'alone_steps/s', 'share',
                              'env_steps/s', *[f'cpu_{g}' for g in GROUPS]])
-  default_env = program[1] == next(e for a, e in PROGRAMS if a == args.agent)
-  name = f'learner_share_{args.agent}' + ('' if default_env else f'_{program[1]}')
-  path = harness.write_json(args.out or f'{name}.json', {
+  out_name = f'learner_share_{args.agent}' + ('' if program[1] == default_env
+                                               else f'_{program[1]}')
+  path = harness.write_json(args.out or f'{out_name}.json', {
       'machine': harness.machine(), 'load_start': load_before,
       'load_end': os.getloadavg()[0], 'agent': args.agent, 'env': program[1],
       'program': PROGRAMS[program][:3], 'seconds': args.seconds, 'rows': rows,
