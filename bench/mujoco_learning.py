@@ -14,13 +14,15 @@ seedacme/nodes/central.py) with a fresh time cap. So the same command continues 
 session that was stopped or capped; a study with other overrides needs its own `--out`.
 
 Per run: env steps, wall and run time, the training average (last 100 episodes) at the
-end and its best, the evaluator's at the end, the training average at 100k/300k/500k/1M
-env steps (first record at or past the mark averaging a full window; null if not
-reached), env and learner steps/s over the whole run (all segments, startup included),
-mean policy lag, command, stop reason. Writes bench/results/<out>.json (machine, commit,
-load_1m, command, runs, curves, summary: per task and agent the seeds' median returns at
-1M and 300k), <out>_curves.csv and <out>.png (a panel per task), then (not with --smoke)
-copies them to bench/published/.
+end with the episodes it covers (fewer than 100 when a resume near the end left too
+little time to refill the window) and its best over full windows, the evaluator's at the
+end, the training average at 100k/300k/500k/1M env steps (first record at or past the
+mark averaging a full window; null if not reached), env and learner steps/s over the
+whole run (all segments, startup included), mean policy lag, command, stop reason.
+Writes bench/results/<out>.json (machine, commit, load_1m, command, runs, curves,
+summary: per task and agent the seeds' median returns at 1M and 300k, and the median of
+their final averages), <out>_curves.csv and <out>.png (a panel per task), then (not with
+--smoke) copies them to bench/published/.
 """
 
 import argparse
@@ -96,6 +98,7 @@ def analyse(records: List[Dict[str, Any]],
   return {
       'env_steps': env_steps, 'run_s': run_s, 'segments': len(segments),
       'final_average_return': final.get('average_return'),
+      'final_average_over': final.get('average_over'),
       'best_average_return': max((r['average_return'] for r in trained), default=None),
       'eval_return_at_end': final.get('eval_average_return'),
       **{f'return_at_{k}': next((r['average_return'] for r in trained
@@ -110,7 +113,9 @@ def analyse(records: List[Dict[str, Any]],
 
 
 def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Per (task, agent): the median over seeds of the returns at 1M and 300k env steps."""
+  """Per (task, agent): the median over seeds of the returns at 1M and 300k env steps
+  (full windows only), and of the final training averages with the fewest episodes any
+  of them covers (a run resumed near its end refills its window: fewer than 100)."""
   out = []
   for task, agent in dict.fromkeys((r['task'], r['agent']) for r in rows):
     runs = [r for r in rows if (r['task'], r['agent']) == (task, agent)]
@@ -119,6 +124,11 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
       values = [r[f'return_at_{k}'] for r in runs if r[f'return_at_{k}'] is not None]
       row[f'median_return_at_{k}'] = statistics.median(values) if values else None
       row[f'seeds_reaching_{k}'] = len(values)
+    finals = [r for r in runs if r['final_average_return'] is not None]
+    row['median_final_average_return'] = (
+        statistics.median(r['final_average_return'] for r in finals) if finals else None)
+    overs = [r['final_average_over'] for r in finals if r.get('final_average_over') is not None]
+    row['min_final_average_over'] = min(overs) if overs else None
     out.append(row)
   return out
 
@@ -233,8 +243,9 @@ def main() -> int:
     paths = [shutil.copy(p, os.path.join(harness.REPO, 'bench', 'published')) for p in paths]
   print()
   harness.print_table(rows, ['task', 'agent', 'seed', 'env_steps', 'wall_s', 'stop_kind',
-      'final_average_return', 'best_average_return', 'eval_return_at_end', 'return_at_300k',
-      'return_at_1M', 'env_steps_per_s', 'learner_steps_per_s', 'mean_policy_lag'])
+      'final_average_return', 'final_average_over', 'best_average_return',
+      'eval_return_at_end', 'return_at_300k', 'return_at_1M', 'env_steps_per_s',
+      'learner_steps_per_s', 'mean_policy_lag'])
   print()
   harness.print_table(payload['summary'], [*payload['summary'][0]])
   print('mujoco_learning: wrote ' + ', '.join(rel(p) for p in paths))

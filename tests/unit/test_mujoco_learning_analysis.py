@@ -1,0 +1,73 @@
+"""bench/mujoco_learning.py's figures for a run resumed near its end.
+
+A resumed run restores its episode count, but its training average starts over; one
+resumed 100k env steps before its budget ends with an average over fewer than 100
+HalfCheetah episodes (seed 1 of the SAC table: 96). The marks (return at 300k) keep to
+full windows; the final average says how many episodes it covers, and the summary gives
+the median of the final averages beside the marks. Bazel ships bench/mujoco_learning.py
+and bench/harness.py with the unit tests (BUILD, `unit_test_support`); a tree without
+them skips.
+"""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), 'bench')
+if not os.path.isfile(os.path.join(_BENCH, 'mujoco_learning.py')):
+  pytest.skip('bench/mujoco_learning.py is not in this tree', allow_module_level=True)
+sys.path.insert(0, _BENCH)  # it imports harness as a sibling
+_SPEC = importlib.util.spec_from_file_location(
+    'seedacme_bench_mujoco_learning', os.path.join(_BENCH, 'mujoco_learning.py'))
+mujoco_learning = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(mujoco_learning)
+
+
+def _record(elapsed_s, env_steps, episodes, average_over, average_return):
+  return {'elapsed_s': elapsed_s, 'env_steps': env_steps, 'episodes': episodes,
+          'average_over': average_over, 'average_return': average_return,
+          'learner_steps': env_steps}
+
+
+def _resumed_run():
+  """200 episodes in a first segment (full windows), then 96 after a resume at 200k."""
+  records = [_record(1000.0 * i, 50_000 * i, 50 * i, min(100, 50 * i), 1000.0 * i)
+             for i in range(1, 5)]
+  records += [_record(100.0, 210_000, 208, 8, 4900.0),
+              _record(800.0, 300_500, 296, 96, 5500.0)]
+  summary = dict(records[-1], stopped_because='reached 300000 env steps',
+                 stop={'kind': 'budget'})
+  return records, summary
+
+
+def _fresh_run(final):
+  records = [_record(1000.0 * i, 100_000 * i, 100 * i, 100, final * i / 3)
+             for i in range(1, 4)]
+  records[-1]['env_steps'] = 300_400
+  return records, dict(records[-1], stopped_because='reached', stop={'kind': 'budget'})
+
+
+def test_a_run_resumed_near_its_end_reports_its_partial_final_window():
+  figures, curve = mujoco_learning.analyse(*_resumed_run())
+  assert figures['segments'] == 2 and figures['run_s'] == 4000.0 + 800.0
+  assert figures['final_average_return'] == 5500.0 and figures['final_average_over'] == 96
+  # Marks and the best keep to full windows: the resumed segment never filled one.
+  assert figures['return_at_300k'] is None
+  assert figures['best_average_return'] == 4000.0
+  assert curve[-1] == [200_000, 4000.0]
+
+
+def test_summary_medians_final_averages_beside_the_full_window_marks():
+  rows = []
+  for seed, (records, summary) in enumerate([_fresh_run(7000.0), _resumed_run(),
+                                             _fresh_run(3000.0)]):
+    figures, _ = mujoco_learning.analyse(records, summary)
+    rows.append({'task': 'HalfCheetah-v5', 'agent': 'sac', 'seed': seed, **figures})
+  [row] = mujoco_learning.summarize(rows)
+  assert row['seeds'] == 3 and row['seeds_reaching_300k'] == 2
+  assert row['median_return_at_300k'] == 5000.0  # median of 7,000 and 3,000 only
+  assert row['median_final_average_return'] == 5500.0  # of 7,000, 5,500 and 3,000
+  assert row['min_final_average_over'] == 96
