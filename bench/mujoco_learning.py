@@ -145,8 +145,11 @@ def write_csv(path: str, rows: List[Dict[str, Any]], records: Dict[str, list]) -
                            for k in ('average_return', 'eval_average_return'))])
 
 
-def plot(path: str, rows: List[Dict[str, Any]], curves: Dict[str, list]) -> None:
-  """One panel per task, one line per (agent, seed)."""
+def plot(path: str, rows: List[Dict[str, Any]], curves: Dict[str, list],
+         records: Dict[str, list]) -> None:
+  """One panel per task, one line per (agent, seed); a resumed segment's averages over
+  fewer than 100 episodes (its window refilling) dotted in the same colour, so a run
+  resumed near its end still shows where it ended."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -154,7 +157,14 @@ def plot(path: str, rows: List[Dict[str, Any]], curves: Dict[str, list]) -> None
   fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
   for ax, task in zip(axes[0], tasks):
     for r in (r for r in rows if r['task'] == task and curves[r['name']]):
-      ax.plot(*zip(*curves[r['name']]), label=f"{r['agent']} seed {r['seed']}")
+      line, = ax.plot(*zip(*curves[r['name']]), label=f"{r['agent']} seed {r['seed']}")
+      runs = records[r['name']]
+      partial = [(x['env_steps'], x['average_return'])
+                 for x, ok in zip(runs, full_windows(runs))
+                 if not ok and x.get('average_return') is not None]
+      if partial:
+        ax.plot(*zip(*partial), ':', color=line.get_color(),
+                label=f"{r['agent']} seed {r['seed']}, resumed (window < 100)")
     ax.set(title=task, xlabel='env steps', ylabel='training average return (last 100)')
     ax.grid(alpha=0.3)
     if ax.lines:
@@ -238,7 +248,7 @@ def main() -> int:
            os.path.join(harness.RESULTS, f'{args.out}_curves.csv'),
            os.path.join(harness.RESULTS, f'{args.out}.png')]
   write_csv(paths[1], rows, records)
-  plot(paths[2], rows, curves)
+  plot(paths[2], rows, curves, records)
   if not args.smoke:  # the convention: bench/results, then copied to bench/published
     paths = [shutil.copy(p, os.path.join(harness.REPO, 'bench', 'published')) for p in paths]
   print()
