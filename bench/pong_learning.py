@@ -17,7 +17,7 @@
    run's acting throughput is reported as a fraction of it.
 4. Writes <logdir>/curve.csv and curve.png (seedacme/run/curves.py) and a JSON summary
    (frames/s, duration, returns, the baseline, the ceiling) to
-   <logdir>/learning_summary.json and bench/results/pong_learning[_smoke].json, with
+   <logdir>/learning_summary.json and bench/results/<game>_learning_<agent>.json (or `--out`), with
    every launch of the run on its logdir (`launches`: date, commit, load before and
    after, wall time; kept in <logdir>/bench_run.json) and the machine.
 
@@ -194,10 +194,7 @@ def finish(result: Dict[str, Any], smoke: bool) -> int:
   fps, ceiling = result['frames_per_s'], result['env_ceiling']['frames_per_s']
   result['fraction_of_ceiling'] = fps / ceiling if fps and ceiling else None
   for path in (os.path.join(logdir, 'learning_summary.json'),
-               os.path.join(REPO, 'bench', 'results',
-                            'pong_learning_smoke.json' if smoke
-                            else f"{result['game'].lower()}_learning"
-                            f"{_agent_suffix(result.get('agent', 'vtrace'))}.json")):
+               os.path.join(REPO, 'bench', 'results', _results_name(result, smoke))):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump(result, f, indent=1)
@@ -210,6 +207,16 @@ def finish(result: Dict[str, Any], smoke: bool) -> int:
         f"{result['final_average_return']} (random {baseline['average_return']:.2f}); "
         f"summary {path}", flush=True)
   return result['returncode']
+
+
+def _results_name(result: Dict[str, Any], smoke: bool) -> str:
+  """bench/results/<name>: `--out` if the run was given one, else game and agent."""
+  if smoke:
+    return 'pong_learning_smoke.json'
+  if result.get('out'):
+    return f"{result['out']}.json"
+  return (f"{result['game'].lower()}_learning"
+          f"{_agent_suffix(result.get('agent', 'vtrace'))}.json")
 
 
 def _program_of(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -227,7 +234,7 @@ def _program_of(result: Dict[str, Any]) -> Dict[str, Any]:
           'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
 
 
-def resummarize(logdir: str, ceiling_seconds: float) -> int:
+def resummarize(logdir: str, ceiling_seconds: float, out: str | None = None) -> int:
   """Recomputes the summary, the curves and the ceiling of a run that has ended."""
   with open(os.path.join(logdir, 'learning_summary.json')) as f:
     old = json.load(f)
@@ -235,6 +242,7 @@ def resummarize(logdir: str, ceiling_seconds: float) -> int:
   # The logdir given, not the recorded one: the run may have been moved or copied.
   result = {**old, 'logdir': logdir, 'program': program, 'machine': harness.machine(),
             'launches': read_launches(logdir) or old.get('launches', []),
+            **({'out': out} if out else {}),
             **summarize(logdir, old['wall_s'], old['returncode'])}
   result['env_ceiling'] = measure_ceiling(program, ceiling_seconds)
   return finish(result, smoke=False)
@@ -258,6 +266,10 @@ def main() -> int:
   parser.add_argument('--eval_episodes', type=int, default=4)
   parser.add_argument('--baseline_episodes', type=int, default=32)
   parser.add_argument('--logdir', default=None)
+  parser.add_argument('--out', default=None,
+                      help='results name (bench/results/<out>.json; default '
+                      '<game>_learning_<agent>): a probe with other settings keeps '
+                      'its own file instead of overwriting the main run\'s')
   parser.add_argument('--ceiling_seconds', type=float, default=20.0,
                       help='how long to measure the raw env ceiling')
   parser.add_argument('--smoke', action='store_true',
@@ -268,7 +280,7 @@ def main() -> int:
   args = parser.parse_args(argv)
   harness.interrupt_on_stop_signals()
   if args.resummarize:
-    return resummarize(os.path.abspath(args.resummarize), args.ceiling_seconds)
+    return resummarize(os.path.abspath(args.resummarize), args.ceiling_seconds, args.out)
   if args.smoke:
     args.hours, args.baseline_episodes, args.eval_interval_s = 90 / 3600, 16, 30.0
     args.ceiling_seconds = 5.0
@@ -305,7 +317,7 @@ def main() -> int:
              'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
   result = {'game': args.game, 'agent': args.agent, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
             'program': program, 'random_baseline': baseline, 'machine': harness.machine(),
-            'launches': launches,
+            'launches': launches, **({'out': args.out} if args.out else {}),
             **summarize(logdir, wall_s, returncode)}
   result['env_ceiling'] = measure_ceiling(program, args.ceiling_seconds)
   return finish(result, args.smoke)

@@ -96,8 +96,13 @@ class R2D2Learner(Learner):
                                                 weights, self._config)
     variables = self._network.trainable_variables
     grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
+    # The gradient's size per parameter, to read against Adam's epsilon (below it,
+    # epsilon rather than the gradient's scale sets the step: docs/atari.md).
+    norm = tf.linalg.global_norm(grads)
+    size = sum(int(np.prod(v.shape)) for v in variables)
+    metrics = {**metrics, 'grad_norm': norm, 'grad_rms': norm / np.sqrt(size)}
     if self._config.max_gradient_norm:
-      grads, _ = tf.clip_by_global_norm(grads, self._config.max_gradient_norm)
+      grads, _ = tf.clip_by_global_norm(grads, self._config.max_gradient_norm, norm)
     self._optimizer.apply(grads, variables)
     self.num_steps.assign_add(1)
     return priorities, metrics

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from seedacme.agents.r2d2 import R2D2Builder, R2D2Config
-from seedacme.agents.r2d2.learning import R2D2Learner
+from seedacme.agents.r2d2.learning import R2D2Learner, sequence_loss
 from seedacme.agents.sac import SACBuilder, SACConfig
 from seedacme.agents.sac.learning import SACLearner
 from seedacme.learner import fused
@@ -164,3 +164,19 @@ def test_a_short_sample_splits_without_dropping_or_repeating_items(n, sizes):
   np.testing.assert_array_equal(np.concatenate([p[0].numpy() for p in parts]), np.arange(n))
   np.testing.assert_array_equal(np.concatenate([p[1]['y'].numpy() for p in parts]),
                                 2 * np.arange(n))
+
+
+def test_r2d2_reports_the_size_of_the_gradient_it_steps_with():
+  """`grad_norm` is the global norm of the step's gradient (taken before the update,
+  recomputed here with its own tape) and `grad_rms` that norm per parameter."""
+  nets, learner, _, builder, spec = _r2d2_learner(1)
+  batch = _batch(builder.item_signature(spec), B, seed=3)
+  variables = nets.online.trainable_variables
+  with tf.GradientTape() as tape:
+    loss, _, _ = sequence_loss(nets.online, nets.target, batch, tf.ones([B]), builder.config)
+  norm = float(tf.linalg.global_norm(tape.gradient(loss, variables)))
+  metrics = learner.train_on(_Info(np.arange(B)), batch)
+  assert norm > 0
+  assert metrics['grad_norm'] == pytest.approx(norm, rel=1e-4)
+  size = sum(int(np.prod(v.shape)) for v in variables)
+  assert metrics['grad_rms'] == pytest.approx(norm / np.sqrt(size), rel=1e-4)
