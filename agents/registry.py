@@ -117,21 +117,23 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # Nature CNN step), so the paper's batch of 64 x (40 + 80 + 1) frames would take ~3.5
     # s a step here. Shorter sequences [burn-in 40, trace 80, period 40] -> 10 / 20 / 10
     # over frame stacks (the stack carries the short-term memory; the burn-in only
-    # warms the stored LSTM state), batch 16 [64], LSTM 256 [512]: estimated ~0.2 s a
-    # step from those costs, measured 0.31-0.38 s alone and ~2 steps/s in the 2x16
-    # program (bench/published/learner_share_r2d2_atari.json).
+    # warms the stored LSTM state), LSTM 256 [512].
+    # Batch 8 [64], Adam 2.5e-4 [1e-4] with epsilon 1e-4 [1e-3]: on Pong the gradient's
+    # RMS per parameter is 1e-5 to 7e-5 (`learner_grad_rms`), below the paper's epsilon,
+    # so with it Adam moved a parameter ~1-7 % of the learning rate per step. With batch
+    # 16 and the paper's optimizer, 5M env steps (31k steps) ended at -20.7, Q still
+    # learning the losing policy's values; batch 8 gives twice the steps for the same
+    # frames and this optimizer ~20x the step: Pong's training average left random at
+    # ~1.0M env steps, passed 0 at 3.7M and +10 at 4.2M (docs/atari.md).
     # samples_per_insert 1: each env step is trained on about twice (trace 20 over
     # period 10; DQN's and Acme's R2D2 defaults: ~8 times, which would cost 4x the
-    # wall-clock per env step here), and acting waits for the learner instead of filling the
-    # replay with data it never trains on. The other side of that trade: the 5M-step
-    # Pong run stalled at -20.7 with 31k steps and 77 target copies, its Q still
-    # learning the losing policy's values (docs/atari.md, "R2D2 on Pong"; copies
-    # every 100 steps moved Q 4x faster but not the return by 1.4M; untested: 2
-    # samples per insert). Target copied every 400 steps
-    # [2,500] = 128k trained transitions, near DQN's 80k. Replay 25k sequences
-    # (250k env steps) and a checkpoint every 10 minutes: the table is GBs.
+    # wall-clock per env step here), and acting waits for the learner instead of filling
+    # the replay with data it never trains on. Target copied every 400 learner steps
+    # [2,500] = 64k trained transitions, near DQN's 80k. Replay 25k sequences (250k env
+    # steps) and a checkpoint every 10 minutes: the table is GBs.
     'atari': dict(torso='nature_cnn', lstm_size=256, reward_clip=1.0, burn_in=10,
-                  trace_length=20, period=10, batch_size=16, target_update_period=400,
+                  trace_length=20, period=10, batch_size=8, learning_rate=2.5e-4,
+                  adam_epsilon=1e-4, target_update_period=400,
                   samples_per_insert=1.0, replay_size=25_000, min_replay_size=1_000,
                   replay_checkpoint_interval_s=600.0),
 }
