@@ -10,8 +10,18 @@ latest checkpoint and binds the same Courier port, and actors reconnect; a new r
 child serves the same port and loads the latest Reverb checkpoint, if its node makes
 them (`serve_replay`), and the central node's writers and dataset reconnect.
 
-On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits a
-little, then kills it: nothing is left behind.
+On Launchpad's stop signal the supervisor asks the child to stop (SIGTERM), waits its
+node's grace (`stop_timeout_s`: the central node's is longer, its `finish` joins the
+learner and writes the last checkpoint), then kills it: nothing is left behind.
+
+Restarts are not forever: a child that refuses to run (`fatal`), ten dying in a row
+within 300 s of their start, or `max_deaths` deaths within any `death_window_s` (a
+slow crash loop that outlives the fast rule) end the node with an error naming the
+count. A child learns how many restarts came before it (`restart_count()`: an actor
+derives its env seeds from it, so a restarted actor does not replay the same failure)
+and may be given its own environment (`child_env`: an actor's thread limits, whatever
+launcher started the node). Exit codes that name a reason (`EXIT_REASONS`, e.g. an env
+step that hung) are logged by name.
 
 A *standby* (`standby_imports`; the replay and central nodes with
 `ProgramConfig.standby_restarts`) is a second child started ahead of
@@ -22,6 +32,7 @@ TensorFlow before the new server could bind its port (README, "Fault table").
 """
 
 import atexit
+import collections
 import faulthandler
 import importlib
 import os
@@ -30,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Mapping
 
 from absl import logging
 import cloudpickle
@@ -40,8 +51,28 @@ from seedacme.runtime.lifecycle import default_stop_event
 # A child exits with this when its error has `fatal = True` (restarting cannot fix it,
 # e.g. `devices.AcceleratorMissingError`): the supervisor then fails instead of restarting.
 FATAL_EXIT_CODE = 78
-_RUN = b'r'  # the byte that tells a waiting standby to run
+# Exit codes children use to name why they ended (logged with the restart).
+ENV_FAULT_EXIT_CODE = 75  # an env raised (seedacme.actor.env_actor)
+ENV_HUNG_EXIT_CODE = 76  # an env step exceeded its limit (seedacme.actor.env_actor)
+EXIT_REASONS = {FATAL_EXIT_CODE: 'refused to run', ENV_FAULT_EXIT_CODE: 'an env raised',
+                ENV_HUNG_EXIT_CODE: 'an env step hung'}
+_RUN = b'r'  # the byte that tells a waiting standby to run (then 8 bytes: restart count)
+_restart_count = 0  # in a child: restarts of its node before it
 
+
+def restart_count() -> int:
+  """In a supervised child: how many children of its node died before it (0 elsewhere)."""
+  return _restart_count
+
+
+def _span(seconds: float) -> str:
+  return f'{seconds:.0f}s' if seconds < 120 else f'{seconds / 3600:.3g} h'
+
+
+def describe_exit(code: int) -> str:
+  """`exit code 76 (an env step hung)`, or just the code when it names no reason."""
+  reason = EXIT_REASONS.get(code)
+  return f'exit code {code}' + (f' ({reason})' if reason else '')
 
 
 class Supervisor:
@@ -56,6 +87,14 @@ class Supervisor:
   replay node given another config's checkpoints, each restarted every 30 s for good):
   the supervisor then fails, as on a fatal error, naming the count and the exit code.
   With the backoff that is ~3 minutes of tries plus the children's start-ups.
+
+  `max_deaths` within any `death_window_s` (sliding; default 20 in 6 h) also ends it:
+  a child dying every 6 minutes passes the rule above and was restarted for good. A run
+  that loses a child now and then (a preemption, an env that crashes once in a while)
+  stays below it; any loop faster than one death per 18 minutes does not.
+
+  `stop_timeout_s`: how long a stopping child may take after SIGTERM before it is
+  killed (the node's grace). `child_env`: variables set in every child's environment.
   """
 
   def __init__(self, target: Callable[..., None], kwargs: Dict[str, Any], name: str,
@@ -63,7 +102,9 @@ class Supervisor:
                restart_backoff_s: float = 1.0, max_backoff_s: float = 30.0,
                stop_timeout_s: float = 6.0, standby_imports: tuple = (),
                crash_loop_s: float = 10.0, standby_delay_s: float = 10.0,
-               give_up_after: int = 10, short_run_s: float = 300.0):
+               give_up_after: int = 10, short_run_s: float = 300.0,
+               max_deaths: int = 20, death_window_s: float = 6 * 3600.0,
+               child_env: Mapping[str, str] | None = None):
     self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports)))
     self._name = name
     self._stop = stop_event
@@ -75,22 +116,29 @@ class Supervisor:
     self._standby_delay_s = standby_delay_s
     self._give_up_after = give_up_after
     self._short_run_s = short_run_s
+    self._max_deaths = max_deaths
+    self._death_window_s = death_window_s
+    self._deaths = collections.deque()  # monotonic times of deaths within the window
+    self._env = dict(os.environ, **child_env) if child_env else None
     self.restarts = 0
     self.child: subprocess.Popen | None = None
     self.standby: subprocess.Popen | None = None
 
   def _start_child(self, standby: bool = False) -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, '-m', 'seedacme.runtime.supervisor'],
-                             stdin=subprocess.PIPE)
+                             stdin=subprocess.PIPE, env=self._env)
     child.stdin.write(len(self._payload).to_bytes(8, 'little') + self._payload)
     if standby:
       child.stdin.flush()  # kept open: one byte later says "run"
     else:
-      child.stdin.write(_RUN)
+      child.stdin.write(self._run_message())
       child.stdin.close()
     logging.info('%s: started %s process %d', self._name,
                  'standby' if standby else 'child', child.pid)
     return child
+
+  def _run_message(self) -> bytes:
+    return _RUN + self.restarts.to_bytes(8, 'little')
 
   def _standby_takes_over(self, died_after_s: float | None) -> bool:
     """Whether the next child is the standby: a live one, and no crash loop."""
@@ -103,7 +151,7 @@ class Supervisor:
     standby, self.standby = self.standby, None
     if takes_over:
       try:
-        standby.stdin.write(_RUN)
+        standby.stdin.write(self._run_message())
         standby.stdin.close()
         logging.info('%s: standby process %d takes over', self._name, standby.pid)
         return standby
@@ -172,10 +220,20 @@ class Supervisor:
               f'{self._name}: {short_deaths} children in a row died within '
               f'{self._short_run_s:.0f}s of starting (the last, process {self.child.pid}, '
               f'with exit code {code}; its error is logged above); not restarting it')
+        now_s = time.monotonic()
+        self._deaths.append(now_s)
+        while self._deaths and self._deaths[0] < now_s - self._death_window_s:
+          self._deaths.popleft()
+        if len(self._deaths) >= self._max_deaths:
+          raise RuntimeError(
+              f'{self._name}: {len(self._deaths)} children died within '
+              f'{_span(self._death_window_s)} (the last, process {self.child.pid}, '
+              f'with {describe_exit(code)}; its error is logged above); a crash loop, '
+              'not restarting it')
         self.restarts += 1
         now = self._standby_takes_over(died_after_s)
-        logging.warning('%s: child %d died (exit code %d); restart #%d %s', self._name,
-                        self.child.pid, code, self.restarts,
+        logging.warning('%s: child %d died (%s) after %.0fs; restart #%d %s', self._name,
+                        self.child.pid, describe_exit(code), died_after_s, self.restarts,
                         'now (standby)' if now else f'in {backoff:.1f}s')
         if not now and self._stop.wait(backoff):
           break
@@ -200,9 +258,11 @@ def exit_node() -> None:
   os._exit(0)
 
 
-def run_supervised(target: Callable[..., None], name: str, **kwargs) -> None:
-  """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved)."""
-  Supervisor(target, kwargs, name).run()
+def run_supervised(target: Callable[..., None], name: str,
+                   child_env: Mapping[str, str] | None = None, **kwargs) -> None:
+  """Launchpad node entry point: supervise `target(**kwargs)` (handles already resolved),
+  its children started with `child_env` added to this process's environment."""
+  Supervisor(target, kwargs, name, child_env=child_env).run()
   exit_node()
 
 
@@ -216,6 +276,9 @@ def _child_main() -> None:
   if stdin.read(1) != _RUN:  # a standby waits here; EOF: the supervisor is stopping
     atexit._run_exitfuncs()  # pylint: disable=protected-access  (TF's temp files)
     os._exit(0)
+  # Run as `-m`, this is `__main__`: the count goes to the module the target imports.
+  from seedacme.runtime import supervisor as module  # pylint: disable=g-import-not-at-top
+  module._restart_count = int.from_bytes(stdin.read(8), 'little')  # pylint: disable=protected-access
   stop = threading.Event()
 
   def request_stop(*_):

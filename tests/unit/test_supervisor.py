@@ -116,3 +116,66 @@ def _run_until_started(sup, stop, directory, wait_until, children):
     thread.join(30)
   assert not thread.is_alive()
   return errors
+
+
+def _more_targets():
+  """More targets, made here (sent by value, as `_targets`)."""
+
+  def slow_crash(stop_event, directory, run_s):
+    """Runs `run_s`, then dies with exit code 76 (an env step hung), recording its start."""
+    with open(os.path.join(directory, str(os.getpid())), 'w') as f:
+      f.write('started')
+    stop_event.wait(run_s)
+    os._exit(76)  # pylint: disable=protected-access
+
+  def record_restart_and_env(stop_event, directory, fail_first):
+    """Writes `restart_count() OMP_NUM_THREADS` to a file; the first `fail_first` die."""
+    from seedacme.runtime import supervisor  # pylint: disable=g-import-not-at-top
+    count = supervisor.restart_count()
+    with open(os.path.join(directory, str(os.getpid())), 'w') as f:
+      f.write(f'{count} {os.environ.get("OMP_NUM_THREADS")}')
+    if count < fail_first:
+      os._exit(1)  # pylint: disable=protected-access
+    stop_event.wait(60)
+
+  return slow_crash, record_restart_and_env
+
+
+_slow_crash_target, _record_restart_and_env = _more_targets()
+
+
+@pytest.mark.timeout(90)
+def test_a_slow_crash_loop_gives_up_after_max_deaths_within_the_window(tmp_path):
+  # Every child outlives short_run_s, so the fast rule never counts it: before, such a
+  # loop (a child dying every 6 minutes against 300 s) was restarted for good.
+  sup = Supervisor(_slow_crash_target, {'directory': str(tmp_path), 'run_s': 0.3}, 'test',
+                   stop_event=threading.Event(), restart_backoff_s=0.05,
+                   max_backoff_s=0.05, give_up_after=3, short_run_s=0.1,
+                   max_deaths=4, death_window_s=60.0)
+  with pytest.raises(RuntimeError, match=r'test: 4 children died within 60s .*exit code 76 '
+                     r'\(an env step hung\).*crash loop'):
+    sup.run()
+  assert len(_started(tmp_path)) == 4
+  assert sup.child.poll() is not None
+
+
+@pytest.mark.timeout(90)
+def test_deaths_older_than_the_window_do_not_count(tmp_path, wait_until):
+  stop = threading.Event()
+  sup = Supervisor(_slow_crash_target, {'directory': str(tmp_path), 'run_s': 0.3}, 'test',
+                   stop_event=stop, restart_backoff_s=0.05, max_backoff_s=0.05,
+                   short_run_s=0.1, max_deaths=3, death_window_s=0.5)
+  assert not _run_until_started(sup, stop, tmp_path, wait_until, 6)
+
+
+@pytest.mark.timeout(90)
+def test_a_child_knows_its_restart_count_and_gets_the_child_env(tmp_path, wait_until,
+                                                               monkeypatch):
+  monkeypatch.setenv('OMP_NUM_THREADS', '8')
+  stop = threading.Event()
+  sup = Supervisor(_record_restart_and_env, {'directory': str(tmp_path), 'fail_first': 2},
+                   'test', stop_event=stop, restart_backoff_s=0.05,
+                   child_env={'OMP_NUM_THREADS': '1'})
+  assert not _run_until_started(sup, stop, tmp_path, wait_until, 3)
+  records = sorted(open(os.path.join(tmp_path, p)).read() for p in os.listdir(tmp_path))
+  assert records == ['0 1', '1 1', '2 1'], records
