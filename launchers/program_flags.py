@@ -5,16 +5,24 @@ evaluation, checkpoints, agent and env overrides. `add_program_args` adds those 
 to a launcher's parser (launch-specific flags -- hardware, network, dry run -- stay in
 the launcher) and `make_program_inputs` turns parsed flags into the env factory, spec,
 builder and `ProgramConfig`, with a clear error (`ProgramArgsError`) naming a bad flag.
+
+Budgets: the launcher's time budget (`max_seconds` of `add_program_args`) is a default
+that applies only when no budget flag is given; `--max_env_steps 1000000` alone runs to
+its env steps. A logdir that holds a checkpoint is resumed only by the same run: its
+saved config is compared here, before anything starts, when the logdir is local (the
+central node compares it again, wherever the logdir is; `seedacme.run.identity`).
 """
 
 import argparse
 import ast
+import os
 from typing import Any, Dict, List, Tuple
 
 from seedacme import envs
 from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
 from seedacme.envs.registry import ENGINES, env_names
+from seedacme.run import identity
 
 
 class ProgramArgsError(ValueError):
@@ -29,10 +37,18 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('agent', choices=agents.agent_names())
   parser.add_argument('num_actors', type=int)
   parser.add_argument('envs_per_actor', type=int, nargs='?', default=envs_per_actor)
-  parser.add_argument('--max_seconds', type=float, default=max_seconds,
-                      help='stop after this long (0: no limit)')
+  parser.add_argument('--max_seconds', type=float, default=None,
+                      help='stop after this many seconds of running, counted over every '
+                      f'start of the run (0: no limit; default: {max_seconds:g} when no '
+                      'budget flag is given)')
+  parser.set_defaults(default_max_seconds=max_seconds)
   parser.add_argument('--max_learner_steps', type=int, default=0, help='0: no limit')
   parser.add_argument('--max_env_steps', type=int, default=0, help='0: no limit')
+  parser.add_argument('--allow_config_change', action='append', default=[],
+                      metavar='FIELD[,FIELD]',
+                      help='resume a logdir whose saved run config differs in these fields '
+                      '(as the refusal names them, e.g. learning_rate); without it a '
+                      'resume with another config is refused')
   parser.add_argument('--target_return', type=float, default=None,
                       help='stop once the average return reaches this')
   parser.add_argument('--target_on', choices=('train', 'eval'), default='train',
@@ -129,10 +145,14 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
   """
   env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game),
                                   ('scenario', args.scenario)) if v}
+  try:
+    env_kwargs.update(parse_overrides(args.env_config))
+  except ValueError as e:
+    raise ProgramArgsError(f'bad --env_config: {e}') from e
+  env_args = dict(env_kwargs)  # what the env is (the engine only steps it)
   if args.env_engine != 'python':
     env_kwargs['engine'] = args.env_engine  # the factory carries it to the actors
   try:
-    env_kwargs.update(parse_overrides(args.env_config))
     factory = envs.make_factory(args.env, **env_kwargs)
   except ValueError as e:  # e.g. --env_engine vector_sync for a non-Atari env
     raise ProgramArgsError(str(e)) from e
@@ -159,6 +179,9 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       eval_episodes=args.eval_episodes, inference_timeout_ms=args.inference_timeout_ms,
       inference_batch_envs=args.inference_batch_envs or ProgramConfig.inference_batch_envs,
       max_seconds=args.max_seconds or None,
+      # `--max_seconds 0` is "no limit", not "no flag": no default then either.
+      default_max_seconds=None if args.max_seconds == 0 else getattr(
+          args, 'default_max_seconds', ProgramConfig.default_max_seconds),
       max_learner_steps=args.max_learner_steps or None,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,
       target_on=args.target_on,
@@ -169,9 +192,19 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       transport=args.transport, inference_devices=args.inference_devices,
       learner_devices=args.learner_devices, logical_cpus=args.logical_cpus,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
-      acting_nice=args.acting_nice, accelerator=accelerator)
+      acting_nice=args.acting_nice, accelerator=accelerator, env_name=args.env,
+      env_args=env_args, allow_config_change=tuple(
+          f.strip() for item in getattr(args, 'allow_config_change', []) for f in
+          item.split(',') if f.strip()))
   try:
     config.validate()
   except ValueError as e:
     raise ProgramArgsError(str(e)) from e
+  if config.checkpoint_interval_s and identity.is_local(logdir):
+    try:  # the refusal before anything starts; the central node checks again
+      identity.check_resume(os.path.join(logdir, identity.CHECKPOINTS),
+                            identity.run_identity(builder, spec, config),
+                            config.allow_config_change)
+    except identity.RunConfigMismatchError as e:
+      raise ProgramArgsError(str(e)) from e
   return factory, spec, builder, config

@@ -1,6 +1,7 @@
 """Configuration of a SEED program (agent-independent; agents have their own dataclass)."""
 
 import dataclasses
+from typing import Any, Dict, Tuple
 
 
 @dataclasses.dataclass
@@ -20,8 +21,11 @@ class ProgramConfig:
       one request from every actor, i.e. lockstep). Measured in bench/acting.py and
       bench/inference_service.py (README, "Benchmarks").
     inference_timeout_ms: ... or once the first waiting request is this old.
-    max_learner_steps, max_env_steps, max_seconds: budget; the program stops itself
-      at the first one reached (None: unlimited).
+    max_learner_steps, max_env_steps, max_seconds: budgets; the program stops itself
+      at the first one reached (None: not set). They count over the whole run, across
+      restarts and resumes (the time: seconds of running, kept in the logdir).
+    default_max_seconds: the time budget of a run that sets none of the three (None:
+      it runs until stopped); a budget the user names replaces it (`time_budget`).
     target_return: stop once the average return reaches this (None: never).
     target_on: 'train' (last 100 training episodes) or 'eval' (last 20 episodes of
       the greedy evaluator).
@@ -62,6 +66,11 @@ class ProgramConfig:
       first, the learner data-parallel on the rest). `seedacme.runtime.placement`.
     logical_cpus: split the central node's CPU into this many logical devices before
       TF starts (0: no split): placements tested and tried on a CPU-only machine.
+    env_name, env_args: the env as the launcher named it (registry name, its factory's
+      arguments); saved with the run's config and compared on resume
+      (`seedacme.run.identity`; None: only the env's spec is compared).
+    allow_config_change: fields of the saved run config a resume may change (names
+      as the refusal prints them, or an agent config field's bare name).
     acting_nice: renice actor and evaluator processes by this much (0-19), so that the
       central node's inference and learner win the CPU when all are runnable
       (`seedacme.runtime.priority`; measured in bench/learner_share.py).
@@ -75,7 +84,8 @@ class ProgramConfig:
   inference_timeout_ms: float = 2.0
   max_learner_steps: int | None = None
   max_env_steps: int | None = None
-  max_seconds: float | None = 120.0
+  max_seconds: float | None = None
+  default_max_seconds: float | None = 120.0
   target_return: float | None = None
   target_on: str = 'train'
   logdir: str = '/tmp/seedacme'
@@ -95,6 +105,38 @@ class ProgramConfig:
   learner_devices: str | None = None
   logical_cpus: int = 0
   acting_nice: int = 0
+  env_name: str | None = None
+  env_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  allow_config_change: Tuple[str, ...] = ()
+
+  @property
+  def time_budget(self) -> float | None:
+    """The time budget that applies: `max_seconds`, or the default when no budget is
+    set at all."""
+    if self.max_seconds is not None:
+      return self.max_seconds
+    if self.max_learner_steps is None and self.max_env_steps is None:
+      return self.default_max_seconds
+    return None
+
+  def describe_budgets(self) -> str:
+    """Which budgets apply, for the start-up line (e.g. 'budgets: 1,000,000 env
+    steps; no time budget')."""
+    parts = []
+    if self.max_learner_steps is not None:
+      parts.append(f'{self.max_learner_steps:,} learner steps')
+    if self.max_env_steps is not None:
+      parts.append(f'{self.max_env_steps:,} env steps')
+    budget = self.time_budget
+    if budget is not None:
+      default = ' (the default)' if self.max_seconds is None else ''
+      parts.append(f'{budget:,.0f}s of run time{default}')
+    text = 'budgets: ' + ', '.join(parts) if parts else 'no budget (runs until stopped)'
+    if budget is None and parts:
+      text += '; no time budget'
+    if self.target_return is not None:
+      text += f'; target return {self.target_return} ({self.target_on})'
+    return text
 
   @property
   def num_train_envs(self) -> int:

@@ -7,48 +7,165 @@ same command with the same logdir restores the latest checkpoint, so the learner
 continues at the step it had reached. Reverb's queue/replay may restart empty.
 Checkpoints and the exported policy go through TensorFlow's file systems, so the
 logdir may be a bucket (`gs://...` on Vertex AI).
+
+A resume restores the same run or refuses to start:
+- the run's config is saved beside the first checkpoint and compared before a restore
+  (`seedacme.run.identity`);
+- a restore must match every saved object both ways, or it fails naming what is
+  missing (`CheckpointMismatchError`). TF's `expect_partial()` skipped whatever did not
+  match: a net with one hidden layer restored the first of a two-layer net's and went
+  on. Optimizer state is created at the first update and restored then, so only it may
+  stay unmatched at restore time.
 """
 
 import os
 import time
-from typing import Any, Dict
+import uuid
+from typing import Any, Callable, Dict, Sequence
 
 from absl import logging
 import tensorflow as tf
 import tree
 
+from seedacme.run import identity as identity_lib
 from seedacme.types import EnvSpec
 
 COUNTERS = ('learner_steps', 'env_steps', 'episodes')
 
 
+class CheckpointMismatchError(RuntimeError):
+  """A checkpoint whose saved objects and the program's do not match one to one."""
+
+  fatal = True  # a supervisor does not restart it (see seedacme.runtime.supervisor)
+
+
+# Keys of a checkpoint that are not the state's own objects.
+_BOOKKEEPING = ('_CHECKPOINTABLE_OBJECT_GRAPH', 'save_counter/')
+
+
+def _keys(path: str) -> set:
+  reader = tf.compat.v1.train.NewCheckpointReader(path)
+  return {k for k in reader.get_variable_to_shape_map() if not k.startswith(_BOOKKEEPING)}
+
+
+def _is_optimizer(value: Any) -> bool:
+  import sonnet as snt  # pylint: disable=g-import-not-at-top
+  return isinstance(value, (snt.Optimizer, tf.keras.optimizers.Optimizer))
+
+
+def _listing(keys: set, limit: int = 8) -> str:
+  names = sorted(k.replace('/.ATTRIBUTES/VARIABLE_VALUE', '') for k in keys)
+  more = f' and {len(names) - limit} more' if len(names) > limit else ''
+  return ', '.join(names[:limit]) + more
+
+
 class Checkpointer:
-  """Periodic checkpoints of trackable learner state plus progress counters."""
+  """Periodic checkpoints of trackable learner state plus progress counters.
+
+  `identity` (`seedacme.run.identity.run_identity`): the run's config, saved beside
+  the first checkpoint and compared at a restore (None: not saved nor compared);
+  `allow_changes` the fields a restore may find changed; `log_event` tells the run's
+  progress log about a refusal or an allowed change.
+  """
 
   def __init__(self, directory: str, state: Dict[str, Any], interval_s: float = 60.0,
-               max_to_keep: int = 3):
+               max_to_keep: int = 3, identity: Dict[str, Any] | None = None,
+               allow_changes: Sequence[str] = (),
+               log_event: Callable[[str], None] | None = None):
     self._counters = {name: tf.Variable(0, dtype=tf.int64, name=name) for name in COUNTERS}
+    self._state = state
     self._checkpoint = tf.train.Checkpoint(**state, **self._counters)
     self._manager = tf.train.CheckpointManager(self._checkpoint, directory, max_to_keep)
+    self._directory = directory
     self._interval_s = interval_s
     self._last_save = time.monotonic()
+    self._identity = identity
+    self._allow_changes = tuple(allow_changes)
+    self._log_event = log_event or (lambda message: None)
+    self._identity_saved = False
     self.saves = 0
 
+  def _expected_keys(self) -> set:
+    """The keys a checkpoint of the current state has (written to memory: `ram://`)."""
+    probe = self._checkpoint.write(f'ram://seedacme_checkpoint_probe/{uuid.uuid4().hex}')
+    try:
+      return _keys(probe)
+    finally:
+      for path in tf.io.gfile.glob(probe + '*'):
+        tf.io.gfile.remove(path)
+
+  def _restore_matching(self, path: str) -> None:
+    """Restores `path`, or raises `CheckpointMismatchError` naming what does not match."""
+    expected = self._expected_keys()
+    saved = _keys(path)
+    # Optimizer state not created yet (the first update creates it and the deferred
+    # restore fills it then): only that may be in the checkpoint and not in the program.
+    lazy = tuple(f'{name}/' for name, value in self._state.items() if _is_optimizer(value))
+    extra = {k for k in saved - expected
+             if not k.startswith(lazy) and '/.OPTIMIZER_SLOT/' not in k}  # Keras slots
+    missing = expected - saved
+    problems = []
+    if missing:
+      problems.append(f'the program has {len(missing)} objects the checkpoint lacks '
+                      f'({_listing(missing)})')
+    if extra:
+      problems.append(f'the checkpoint has {len(extra)} objects the program lacks '
+                      f'({_listing(extra)})')
+    if not problems:
+      try:
+        self._checkpoint.restore(path).assert_existing_objects_matched()
+      except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+        problems.append(str(e).splitlines()[0])  # e.g. a shape that differs
+    if problems:
+      raise CheckpointMismatchError(
+          f'checkpoint {path} does not match this program: {"; ".join(problems)}. A '
+          'resume restores every saved object or none (another network or agent '
+          'config needs another --logdir)')
+
   def restore(self) -> Dict[str, int] | None:
-    """Restores the latest checkpoint; returns its counters (None: fresh start)."""
+    """Restores the latest checkpoint; returns its counters (None: fresh start).
+
+    Raises `RunConfigMismatchError` (another run's config) or `CheckpointMismatchError`
+    (objects that do not match) before changing any variable."""
     path = self._manager.latest_checkpoint
     if path is None:
       return None
-    # Optimizer slots are created at the first update and restored then (deferred).
-    self._checkpoint.restore(path).expect_partial()
+    changes = []
+    if self._identity is not None:
+      try:
+        changes = identity_lib.check_resume(self._directory, self._identity,
+                                            self._allow_changes)
+      except identity_lib.RunConfigMismatchError as e:
+        self._log_event(str(e))
+        raise
+    try:
+      self._restore_matching(path)
+    except CheckpointMismatchError as e:
+      self._log_event(str(e))
+      raise
     counters = {k: int(v.numpy()) for k, v in self._counters.items()}
     logging.info('Restored checkpoint %s at learner step %d', path, counters['learner_steps'])
+    if self._identity is not None:
+      saved = identity_lib.read_saved(self._directory)
+      if changes:
+        self._log_event('resumed with a changed config (allowed): ' + '; '.join(
+            f'{k}: {a!r} -> {b!r}' for k, a, b in changes))
+      if changes or saved is None:  # saved before configs were: this one from now on
+        identity_lib.save(self._directory, self._identity, change={
+            'learner_step': counters['learner_steps'],
+            'fields': {k: [a, b] for k, a, b in changes}} if changes else None)
+      self._identity_saved = True
     return counters
 
   def save(self, counters: Dict[str, int]) -> str:
     for name, value in counters.items():
       if name in self._counters:
         self._counters[name].assign(int(value))
+    if self._identity is not None and not self._identity_saved:
+      # Beside the first checkpoint, before it: a checkpoint never lacks its config
+      # (a config left by a run killed before its first checkpoint is replaced here).
+      identity_lib.save(self._directory, self._identity, fresh=True)
+      self._identity_saved = True
     path = self._manager.save()
     self._last_save = time.monotonic()
     self.saves += 1

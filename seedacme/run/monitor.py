@@ -13,18 +13,33 @@ the last one (shutdown excluded), and its batch statistics sum every interval's.
 
 Why a run stopped is a `StopReason` with fields (kind, value, threshold): the summary
 carries it as `stop` next to the sentence in `stopped_because` that people read.
+
+Budgets count over the whole run. Env and learner steps are restored with the
+checkpoint; the time is the run's clock (`<logdir>/run_clock.json`: seconds of running
+over every start, written by rename with each record), which a resumed start continues
+(`restart_clock(resumed=True)`) -- before, `max_seconds` started over with every central
+process. Records carry both `elapsed_s` (this process) and `run_elapsed_s` (the run).
+
+Why over 300 lines: records, budgets, the run's clock and the summary share the same
+windows and counters; split apart, each part would need the others' state.
 """
 
 import dataclasses
 import enum
+import os
 import time
 from typing import Any, Dict, Protocol
+
+from absl import logging
 
 from seedacme.run.accounting import WINDOWS, ActingLog
 
 from seedacme.types import Mode
 from seedacme.config import ProgramConfig
+from seedacme.run import logdir as logdir_lib
 from seedacme.run.progress import ProgressWriter
+
+RUN_CLOCK = 'run_clock.json'
 
 
 class StopKind(enum.Enum):
@@ -134,11 +149,45 @@ class RunMonitor:
     self._steady: tuple | None = None  # (time, env steps, learner steps) at the 1st record
     self._run_batches = _RunBatches()
     self.last_record: Dict[str, Any] = {}
+    self._clock_path = os.path.join(config.logdir, RUN_CLOCK)
+    self._clock = {'first_start_unix': time.time(), 'elapsed_s': 0.0, 'starts': 1}
+    self._elapsed_before = 0.0  # the run's seconds before this process's start
 
-  def restart_clock(self, learner_steps: int) -> None:
-    """Rates count from here (after a resume: from the restored counters)."""
+  def restart_clock(self, learner_steps: int, resumed: bool = False) -> None:
+    """Rates count from here (after a resume: from the restored counters); a resumed
+    run's time continues from its clock in the logdir, a fresh one starts at 0."""
     self._start = time.monotonic()
     self._last = (self._start, self._acting.env_steps(), learner_steps)
+    saved = None
+    if resumed:
+      try:
+        saved = logdir_lib.read_json(self._clock_path)
+      except (OSError, ValueError) as e:  # unreadable: counted from here, and said so
+        logging.warning('Cannot read the run clock %s (%s)', self._clock_path, e)
+    if saved is not None:
+      self._clock = {'first_start_unix': saved['first_start_unix'],
+                     'elapsed_s': float(saved['elapsed_s']),
+                     'starts': int(saved.get('starts', 1)) + 1}
+      self._elapsed_before = self._clock['elapsed_s']
+      budget = self._config.time_budget
+      self.progress.log_event(
+          f"run time so far {self._elapsed_before:.0f}s over {self._clock['starts'] - 1} "
+          f'start(s)' + (f'; time budget {budget:.0f}s' if budget is not None else ''))
+    else:
+      self._clock = {'first_start_unix': time.time(), 'elapsed_s': 0.0, 'starts': 1}
+      self._elapsed_before = 0.0
+    self._save_clock(self._start)
+
+  def run_elapsed(self, now: float | None = None) -> float:
+    """Seconds the run has run, over every start (what the time budget counts)."""
+    return self._elapsed_before + ((time.monotonic() if now is None else now) - self._start)
+
+  def _save_clock(self, now: float) -> None:
+    self._clock['elapsed_s'] = self.run_elapsed(now)
+    try:
+      logdir_lib.write_json(self._clock_path, self._clock)
+    except Exception as e:  # pylint: disable=broad-except  (progress goes on)
+      logging.warning('Cannot write the run clock %s: %s', self._clock_path, e)
 
   def learner_budget(self, learner_steps: int) -> 'StopReason | None':
     """The learner-step budget, if `learner_steps` reached it (the one place it is
@@ -171,6 +220,7 @@ class RunMonitor:
     train, evaluation = acting.summary(Mode.TRAIN), acting.summary(Mode.EVAL)
     record = {
         'elapsed_s': now - self._start,
+        'run_elapsed_s': self.run_elapsed(now),
         'env_steps': env_steps,
         'env_steps_per_s': (env_steps - env0) / dt,
         'episodes': train['episodes'],
@@ -218,8 +268,9 @@ class RunMonitor:
       return learner
     if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
       return StopReason(StopKind.ENV_STEPS, record['env_steps'], c.max_env_steps)
-    if c.max_seconds is not None and record['elapsed_s'] >= c.max_seconds:
-      return StopReason(StopKind.TIME, record['elapsed_s'], c.max_seconds)
+    budget, elapsed = c.time_budget, record.get('run_elapsed_s', record['elapsed_s'])
+    if budget is not None and elapsed >= budget:
+      return StopReason(StopKind.TIME, elapsed, budget)
     if c.target_return is not None:
       mode = Mode.EVAL if c.target_on == 'eval' else Mode.TRAIN
       prefix = 'eval_' if mode is Mode.EVAL else ''
@@ -238,6 +289,7 @@ class RunMonitor:
     """Writes a progress record; returns the budget or target it reached, if any."""
     self.last_record = self.record(learner_steps, learner_metrics)
     self.progress.write(self.last_record)
+    self._save_clock(self._last[0])
     return self.stop_reason(self.last_record, learner_steps)
 
   def summarize(self, learner_steps: int, learner_metrics: Dict[str, float],
@@ -263,6 +315,7 @@ class RunMonitor:
     final['stopped_because'] = reason.sentence()
     final['stop'] = reason.to_json()
     final['resumed_from_learner_step'] = resumed_from
+    self._save_clock(time.monotonic())
     self.progress.write_summary(final)
     return final
 

@@ -1,17 +1,20 @@
-"""Progress of a run: a JSON-lines file, TensorBoard scalars and a log line.
+"""Progress of a run: a JSON-lines log, TensorBoard scalars and a log line.
 
-The central node writes one record per interval to `<logdir>/progress.jsonl` (the
-launcher tails it to draw the console progress line) and the last one to
-`<logdir>/summary.json`. The logdir may be remote (`gs://...` on Vertex AI): files go
-through `tf.io.gfile`, and where appending is not possible the file is rewritten.
+The central node writes one record per interval to the progress log (the launcher
+tails it to draw the console progress line) and the last one to `<logdir>/summary.json`.
+How they are written so that a kill tears nothing -- appended lines locally, segments
+on a remote logdir (`gs://...` on Vertex AI), JSON files by rename -- is
+`seedacme.run.logdir`'s.
 """
 
 import json
 import math
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from absl import logging
+
+from seedacme.run import logdir as logdir_lib
 
 
 def _finite(value: Any) -> Any:
@@ -20,47 +23,41 @@ def _finite(value: Any) -> Any:
   return value
 
 
-def _is_local(path: str) -> bool:
-  return '://' not in path
-
-
-def rewrite(path: str, text: str) -> None:
-  """Replaces a file's contents through `tf.io.gfile` (local, `gs://`, `ram://`).
-
-  Removes the file first: not every TF file system truncates on 'w' (TF 2.8's
-  `ram://` appends), and one that does loses nothing by it.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not _is_local(path) and tf.io.gfile.exists(path):
-    tf.io.gfile.remove(path)
-  with tf.io.gfile.GFile(path, 'w') as f:
-    f.write(text)
-
-
 class ProgressWriter:
   """Appends progress records; mirrors numeric fields to TensorBoard."""
 
   def __init__(self, logdir: str):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.makedirs(logdir)
+    self._fs = logdir_lib.filesystem(logdir)
+    self._fs.makedirs(logdir)
     self._logdir = logdir
-    self._path = os.path.join(logdir, 'progress.jsonl')
+    self._path = os.path.join(logdir, logdir_lib.PROGRESS)
     self._summary_writer = None
-    self._remote_lines = None  # remote files cannot be appended to: keep and rewrite
+    # Remote: the segment this writer fills (number, lines); None until the first line.
+    self._segment: tuple[int, List[str]] | None = None
 
   def _append(self, line: str) -> None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    if _is_local(self._path):
+    if logdir_lib.is_local(self._logdir):
       with open(self._path, 'a') as f:
         f.write(line + '\n')
       return
-    if self._remote_lines is None:
-      self._remote_lines = []
-      if tf.io.gfile.exists(self._path):  # a resumed run continues the same file
-        with tf.io.gfile.GFile(self._path) as f:
-          self._remote_lines = f.read().splitlines()
-    self._remote_lines.append(line)
-    rewrite(self._path, '\n'.join(self._remote_lines) + '\n')
+    # A remote file cannot be appended to: this line goes into this writer's current
+    # segment, rewritten whole by rename; full segments and other writers' stay as
+    # they are (a restarted node starts a segment after the last one).
+    if self._segment is None or len(self._segment[1]) >= logdir_lib.SEGMENT_RECORDS:
+      if self._segment is None:
+        existing = logdir_lib.progress_segments(self._logdir)
+        number = existing[-1][0] + 1 if existing else 0
+        self._fs.makedirs(os.path.join(self._logdir, logdir_lib.PROGRESS_PARTS))
+      else:
+        number = self._segment[0] + 1
+      self._segment = (number, [])
+    number, lines = self._segment
+    lines.append(line + '\n')
+    try:
+      logdir_lib.write_atomic(logdir_lib.segment_path(self._logdir, number), ''.join(lines))
+    except BaseException:
+      lines.pop()  # not written: the next write must not carry it either
+      raise
 
   def _tb(self):
     if self._summary_writer is None:
@@ -87,8 +84,8 @@ class ProgressWriter:
     logging.info('%s', message)
 
   def write_summary(self, record: Dict[str, Any]) -> None:
-    rewrite(os.path.join(self._logdir, 'summary.json'),
-            json.dumps({k: _finite(v) for k, v in record.items()}, indent=1))
+    logdir_lib.write_json(os.path.join(self._logdir, logdir_lib.SUMMARY),
+                          {k: _finite(v) for k, v in record.items()})
 
 
 def _fmt(value, spec: str) -> str:

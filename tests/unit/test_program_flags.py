@@ -1,9 +1,15 @@
 """One definition of the program's flags: run_local and the Vertex launcher build the
-same program from the same arguments, and a bad flag gets an error naming it."""
+same program from the same arguments, and a bad flag gets an error naming it; a budget
+the user names replaces the launcher's default time budget."""
+
+import dataclasses
 
 import pytest
 
+from seedacme.config import ProgramConfig
 from seedacme.launchers import local, program_flags, vertex
+from seedacme.run.accounting import ActingLog
+from seedacme.run.monitor import RunMonitor, StopKind
 
 ARGV = ['catch', 'r2d2', '3', '8', '--max_seconds', '50', '--target_return', '0.9',
         '--target_on', 'eval', '--agent_config', 'batch_size=8', '--agent_config',
@@ -17,7 +23,10 @@ def test_both_launchers_build_the_same_program_from_the_same_flags():
     args = launcher.parse_args(ARGV)
     built.append(program_flags.make_program_inputs(args, 'gs://bucket/run'))
   (_, spec_a, builder_a, config_a), (_, spec_b, builder_b, config_b) = built
-  assert config_a == config_b and spec_a == spec_b
+  # Only the launchers' default time budgets differ, and a named budget replaces them.
+  assert config_a == dataclasses.replace(
+      config_b, default_max_seconds=config_a.default_max_seconds) and spec_a == spec_b
+  assert config_a.time_budget == config_b.time_budget == 50
   assert builder_a.config == builder_b.config
   assert builder_a.config.batch_size == 8 and builder_a.config.replay_checkpoint_interval_s is None
   assert (config_a.num_actors, config_a.envs_per_actor, config_a.target_on) == (3, 8, 'eval')
@@ -29,7 +38,8 @@ def test_flags_the_vertex_launcher_lacked_before_are_there():
                             '--scenario', 'x', '--agent_config', 'torso=impala_resnet'])
   assert (args.env_engine, args.scenario, args.agent_config) == (
       'vector_async', 'x', ['torso=impala_resnet'])
-  assert args.envs_per_actor == 32 and args.max_seconds == 24 * 3600.0  # Vertex defaults
+  assert args.envs_per_actor == 32 and args.default_max_seconds == 24 * 3600.0  # Vertex
+  assert args.max_seconds is None  # not named: the default applies only without budgets
   assert args.standby_restarts and not local.parse_args(['catch', 'vtrace', '2']).standby_restarts
 
 
@@ -54,3 +64,64 @@ def test_batching_and_transport_flags_reach_the_config():
   assert default.inference_batch_envs == 1 and default.transport == 'auto'
   lockstep = config_of('--inference_batch_envs', '8', '--transport', 'courier')
   assert lockstep.inference_batch_envs == 8 and lockstep.transport == 'courier'
+
+
+class _Serving:
+  batch_capacity, actor_restarts, requests_refused = 8, 0, 0
+
+  def batch_stats(self, reset=False):
+    raise NotImplementedError
+
+  def trajectory_stats(self):
+    return {}
+
+
+def _stop_at(argv, elapsed_s, env_steps, launcher=local):
+  """What the run's monitor says at a record of `elapsed_s` seconds and `env_steps`."""
+  config = program_flags.make_program_inputs(launcher.parse_args(argv), '/tmp/unused')[3]
+  monitor = RunMonitor(config, ActingLog(), _Serving())
+  return monitor.stop_reason({'elapsed_s': elapsed_s, 'run_elapsed_s': elapsed_s,
+                              'env_steps': env_steps}, 0)
+
+
+def test_a_named_budget_replaces_the_default_time_budget():
+  """`--max_env_steps 1000000` stopped after 125 s at 220k env steps ("reached the time
+  budget of 120s", run_local's default): every README one-liner with --max_env_steps
+  stopped after two minutes."""
+  argv = ['catch', 'vtrace', '2', '8', '--max_env_steps', '1000000']
+  assert _stop_at(argv, 125.0, 220_000) is None
+  assert _stop_at(argv, 9000.0, 1_000_000).kind is StopKind.ENV_STEPS
+  assert _stop_at(['catch', 'vtrace', '2', '--max_learner_steps', '50'], 200.0, 0) is None
+  assert _stop_at(['catch', 'vtrace', '2', '--max_learner_steps', '50'], 200.0, 0,
+                  vertex) is None
+
+
+def test_the_default_time_budget_applies_only_without_a_budget():
+  # `run_local catch vtrace 2`: run_local's default (120 s).
+  stop = _stop_at(['catch', 'vtrace', '2'], 125.0, 0)
+  assert (stop.kind, stop.threshold) == (StopKind.TIME, 120.0)
+  # `scripts/run_local` with no arguments and CI pass --max_seconds 90.
+  stop = _stop_at(['catch', 'vtrace', '2', '--max_seconds', '90'], 91.0, 0)
+  assert (stop.kind, stop.threshold) == (StopKind.TIME, 90.0)
+  # A target is not a budget: the default time budget still ends a run that misses it.
+  stop = _stop_at(['catch', 'vtrace', '2', '--target_return', '0.9'], 125.0, 0)
+  assert stop.kind is StopKind.TIME
+  # Both: whichever comes first.
+  argv = ['catch', 'vtrace', '2', '--max_seconds', '300', '--max_env_steps', '1000']
+  assert _stop_at(argv, 301.0, 10).kind is StopKind.TIME
+  assert _stop_at(argv, 10.0, 1000).kind is StopKind.ENV_STEPS
+  # --max_seconds 0: no limit, and no default either.
+  assert _stop_at(['catch', 'vtrace', '2', '--max_seconds', '0'], 1e6, 0) is None
+
+
+def test_the_start_up_line_says_which_budgets_apply():
+  def budgets(*extra):
+    args = local.parse_args(['catch', 'vtrace', '2', *extra])
+    return program_flags.make_program_inputs(args, '/tmp/unused')[3].describe_budgets()
+  assert budgets() == 'budgets: 120s of run time (the default)'
+  assert budgets('--max_env_steps', '1000000') == 'budgets: 1,000,000 env steps; no time budget'
+  assert budgets('--max_seconds', '90', '--target_return', '0.9') == \
+      'budgets: 90s of run time; target return 0.9 (train)'
+  assert budgets('--max_seconds', '0') == 'no budget (runs until stopped)'
+  assert ProgramConfig(max_learner_steps=10, max_seconds=60).describe_budgets() == \
+      'budgets: 10 learner steps, 60s of run time'
