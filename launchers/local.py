@@ -9,7 +9,6 @@ node cleanly. All node logs go to `<logdir>/nodes/`, progress to
 
 import argparse
 import datetime
-import json
 import os
 import shutil
 import subprocess
@@ -134,7 +133,7 @@ def main(argv: List[str] | None = None) -> int:
   print(f'seedacme: {args.agent} on {args.env}: {args.num_actors} actors x '
         f'{args.envs_per_actor} envs, evaluator {args.num_eval_envs} envs, '
         f'{args.inference} inference{" (acting only)" if args.acting_only else ""}; '
-        f'logdir {logdir}', flush=True)
+        f'{config.describe_budgets()}; logdir {logdir}', flush=True)
   program = program_lib.make_program(
       builder, factory, spec, config,
       stop_program=lp.make_program_stopper(lp.LaunchType.LOCAL_MULTI_PROCESSING),
@@ -167,8 +166,7 @@ def main(argv: List[str] | None = None) -> int:
       else:
         console.progress(format_line(record))
   console.event('')  # Launchpad's shutdown countdown ends without a newline.
-  with open(os.path.join(logdir, 'memory.json'), 'w') as f:
-    json.dump({'peak_rss_mb': peak_rss}, f, indent=1)
+  logdir_lib.write_json(os.path.join(logdir, 'memory.json'), {'peak_rss_mb': peak_rss})
 
   if failure:
     print(f'seedacme: a node failed: {failure[0]}; node logs in {logdir}/nodes',

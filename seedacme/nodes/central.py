@@ -39,6 +39,7 @@ from seedacme.learner.loop import LearnerLoop
 from seedacme.nodes.placed import place_networks
 from seedacme.nodes.report_intake import ReportIntake
 from seedacme.run.accounting import ActingLog
+from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
 from seedacme.runtime.devices import compute_device
@@ -115,9 +116,13 @@ class CentralNode:
     self._checkpointer = None
     self.resumed_from: int | None = None
     if config.checkpoint_interval_s is not None:
+      # A resume is this run or a refusal (seedacme.run.identity): fatal, not retried.
       self._checkpointer = Checkpointer(os.path.join(config.logdir, 'checkpoints'),
                                         self.learner.checkpoint_state(),
-                                        config.checkpoint_interval_s)
+                                        config.checkpoint_interval_s,
+                                        identity=run_identity(builder, spec, config),
+                                        allow_changes=config.allow_config_change,
+                                        log_event=self.monitor.progress.log_event)
       restored = self._checkpointer.restore()
       if restored is not None:
         self.resumed_from = self.learner_steps = restored['learner_steps']
@@ -125,7 +130,7 @@ class CentralNode:
         self.monitor.progress.log_event(
             f'resumed from checkpoint at learner step {self.learner_steps}, env step '
             f'{self.acting.env_steps()}')
-    self.monitor.restart_clock(self.learner_steps)
+    self.monitor.restart_clock(self.learner_steps, resumed=self.resumed_from is not None)
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
     self.summary: Dict[str, Any] | None = None
