@@ -14,14 +14,40 @@ environments. An episode that ended on the previous step is restarted on the nex
 timesteps and the server sees LAST followed by FIRST for each env, as dm_env intends.
 Engines report rewards and step types only; episode returns and lengths are added up
 by whoever reads them (`seedacme.run.accounting.EpisodeTracker`).
+
+When an env raises, `BatchedEnv` says which one (`EnvError`: its slot and name), and
+while it steps, `current_slot` says which env is in a call: the actor reports a fault
+by env, and its step watchdog names the env that hung (`seedacme.actor.env_actor`).
 """
 
+import functools
 from typing import Any, Sequence
 
 import dm_env
 import numpy as np
 
 from seedacme.types import BatchStep, EnvFactory, EnvSpec, SlotStep, env_spec_of
+
+
+def env_name(factory: Any, env: Any = None) -> str:
+  """A readable name of an env: its class, and the factory's game or level if it has
+  one (e.g. 'AtariEnv (Pong)'); the factory's name when there is no env yet."""
+  if isinstance(factory, functools.partial):
+    detail = factory.keywords.get('level') or factory.keywords.get('game')
+    base = getattr(factory.func, '__name__', type(factory.func).__name__)
+  else:
+    detail = getattr(factory, 'game', None) or getattr(factory, 'level', None)
+    base = getattr(factory, '__name__', type(factory).__name__)
+  name = type(env).__name__ if env is not None else base
+  return f'{name} ({detail})' if detail else name
+
+
+class EnvError(RuntimeError):
+  """An env of an engine raised: which one (`slot`, `name`) and the error (`__cause__`)."""
+
+  def __init__(self, slot: int, name: str, error: BaseException):
+    super().__init__(f'env {slot} ({name}) raised {type(error).__name__}: {error}')
+    self.slot, self.name, self.error = slot, name, error
 
 
 class BatchedEnv:
@@ -32,6 +58,8 @@ class BatchedEnv:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
     self._envs: Sequence[dm_env.Environment] = [
         factory(seed + i) for i in range(num_envs)]
+    self.names = [env_name(factory, env) for env in self._envs]
+    self.current_slot: int | None = None  # the env in a reset/step call, if any
     self.spec: EnvSpec = env_spec_of(self._envs[0])
     self.num_envs = num_envs
     k = num_envs
@@ -50,10 +78,20 @@ class BatchedEnv:
     return BatchStep(self._obs.copy(), self._reward.copy(), self._discount.copy(),
                      self._step_type.copy())
 
+  def _call(self, i: int, method, *args) -> dm_env.TimeStep:
+    """`method(*args)` of env i, named in the error if it raises."""
+    self.current_slot = i
+    try:
+      return method(*args)
+    except Exception as e:  # pylint: disable=broad-except
+      raise EnvError(i, self.names[i], e) from e
+    finally:
+      self.current_slot = None
+
   def reset(self) -> BatchStep:
     """Starts a new episode in every env."""
     for i, env in enumerate(self._envs):
-      self._write(i, env.reset())
+      self._write(i, self._call(i, env.reset))
     return self._batch()
 
   def step(self, actions: np.ndarray) -> BatchStep:
@@ -65,7 +103,8 @@ class BatchedEnv:
           f' ({self.num_envs} envs), got an array of shape {actions.shape}')
     for i, env in enumerate(self._envs):
       last = self._step_type[i] == dm_env.StepType.LAST
-      self._write(i, env.reset() if last else env.step(actions[i]))
+      self._write(i, self._call(i, env.reset) if last else
+                  self._call(i, env.step, actions[i]))
     return self._batch()
 
   def close(self) -> None:

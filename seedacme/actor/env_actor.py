@@ -20,29 +20,77 @@ and drop their partial unrolls.
 The actor counts its envs' steps and episodes in one `ActingLog` (its log lines and
 evaluation rounds read it; with actor-side inference the reports to the central node
 are deltas of it, `ActingLog.take_report`).
+
+Env faults. An env that raises, or whose step (reset included) has not returned after
+`env_step_timeout_s` (a watchdog thread), is reported to the central node by name
+(`seedacme.wire.reports.env_fault`: env, env ids, error, seed; it logs and counts it)
+and ends the actor: a supervised actor exits with `ENV_FAULT_EXIT_CODE` or
+`ENV_HUNG_EXIT_CODE` and its supervisor restarts it. The restarted actor seeds its envs
+from the base seed and its restart count (`env_seed`), so it does not replay the same
+failure and a run stays reproducible. The limit's default, 60 s, is far above any
+step or reset seen here (a DeepMind Lab or Football reset takes seconds; a loaded
+2-core machine stretches them): a hang is a hang, not a slow level.
 """
 
+import atexit
+import faulthandler
 import os
 import resource
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import numpy as np
 
-from seedacme.actor.engines import half_batch_driver, make_engine
+from seedacme.actor.engines import EnvError, env_name, half_batch_driver, make_engine
 from seedacme.actor.transport import InferencePath
 from seedacme.run.accounting import ActingLog, EpisodeTracker
+from seedacme.runtime import supervisor
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.runtime.priority import lower_process_priority
 from seedacme.types import EnvFactory, Mode
+from seedacme.wire.reports import env_fault, fault_report
+
+# How long one env call (a batch's step or reset) may take before the actor reports
+# the env as hung and exits (module docstring).
+ENV_STEP_TIMEOUT_S = 60.0
+_FAULT_REPORT_TIMEOUT_S = 5.0
 
 
 def new_run_id() -> int:
   """A random non-negative 63-bit id."""
   return int.from_bytes(os.urandom(8), 'little') >> 1
+
+
+def env_seed(seed: int, restarts: int) -> int:
+  """The first env seed of an actor restarted `restarts` times: `seed` at first, then
+  a number drawn from (seed, restarts), below 2**31 - 2**16 (room for K envs' seeds)."""
+  if not restarts:
+    return seed
+  state = np.random.SeedSequence([seed, restarts]).generate_state(1, np.uint64)[0]
+  return int(state % np.uint64(2**31 - 2**16))
+
+
+def _central_of(inference: Any) -> Any:
+  """The central node's client behind `inference`: an actor-side inference's, else
+  `inference` itself (not `getattr`: a Courier client answers any name with a method)."""
+  try:
+    own = vars(inference).get('_central')
+  except TypeError:
+    own = None
+  return own if own is not None else inference
+
+
+class EnvFaultError(RuntimeError):
+  """An env of this actor raised or hung (reported; the actor ends)."""
+
+  def __init__(self, fault: dict):
+    super().__init__(f"env {fault['env_name']} (ids {fault['env_ids']}, seed "
+                     f"{fault['seed']}) {fault['kind']}: {fault['error_type']}: "
+                     f"{fault['message']}")
+    self.fault = fault
 
 
 class EnvActor:
@@ -53,7 +101,9 @@ class EnvActor:
                seed: int = 0, max_steps: int | None = None, log_interval_s: float = 30.0,
                eval_interval_s: float = 0.0, eval_episodes: int = 20,
                acting: ActingLog | None = None, transport: str = 'auto',
-               stop_event: threading.Event | None = None, nice: int = 0):
+               stop_event: threading.Event | None = None, nice: int = 0,
+               env_step_timeout_s: float | None = ENV_STEP_TIMEOUT_S,
+               on_env_hang: Callable[[], None] | None = None, central: Any = None):
     """Creates the actor.
 
     Args:
@@ -67,7 +117,7 @@ class EnvActor:
         first_env_id .. first_env_id + K - 1.
       mode: `Mode.TRAIN`, or `Mode.EVAL` for the evaluator (greedy actions, no
         training data); sent with every request.
-      seed: env seeds are seed + i.
+      seed: env seeds are seed + i (a restarted actor: `env_seed(seed, restarts)` + i).
       max_steps: stop after this many inference calls (None: until stopped); a call
         covers all K envs, or K/2 with a half-batch engine.
       log_interval_s: period of the actor's log line.
@@ -80,9 +130,27 @@ class EnvActor:
       stop_event: set to stop; default is Launchpad's stop event.
       nice: lower this process's CPU priority by this much when `run` starts
         (`ProgramConfig.acting_nice`; 0: unchanged).
+      env_step_timeout_s: an env call that takes longer is a hung env (None: no
+        watchdog).
+      on_env_hang: what ends the actor after a hung env was reported (default: this
+        process exits with `ENV_HUNG_EXIT_CODE`; the hung call cannot be interrupted).
+      central: where env faults are reported (`report_acting`); default: `inference`'s
+        central node (the inference client itself, or an actor-side inference's).
     """
     self._inference = inference
-    self._envs = half_batch_driver(make_engine(env_factory, num_envs, seed=seed))
+    self._central = central if central is not None else _central_of(inference)
+    self.restarts = supervisor.restart_count()
+    self.seed = env_seed(seed, self.restarts)
+    self._factory = env_factory
+    self._engine = make_engine(env_factory, num_envs, seed=self.seed)
+    self._envs = half_batch_driver(self._engine)
+    self._env_step_timeout_s = env_step_timeout_s
+    self._on_env_hang = on_env_hang or _exit_hung
+    self._watching = False
+    self._env_call_started: float | None = None  # while an env call runs
+    self._env_call_slots: np.ndarray | None = None  # the engine slots it steps
+    self._fault_lock = threading.Lock()
+    self.fault: dict | None = None  # the env fault that ended this actor, if any
     self._actor_id = actor_id
     self.mode = mode
     self._max_steps = max_steps
@@ -98,6 +166,9 @@ class EnvActor:
     self._transport = transport
     self.path: InferencePath | None = None  # made by `run`, with its stop event
     self._nice = nice
+    if self.restarts:
+      logging.info('Actor %d restarted (%d before): env seeds from %d (base seed %d)',
+                   actor_id, self.restarts, self.seed, seed)
 
   @property
   def env_steps(self) -> int:
@@ -131,42 +202,51 @@ class EnvActor:
                                      len(self.env_ids), self._stop, self._transport,
                                      f'{kind} {self._actor_id}')
     started = time.monotonic()
-    batch = self._envs.recv()
-    last_log = time.monotonic()
-    round_start, round_first_episode = time.monotonic(), 0
-    while not self._stop.is_set():
-      if self._eval_interval_s and self.episodes - round_first_episode >= self._eval_episodes:
-        # Evaluation round done: idle until the next one is due.
-        if self._stop.wait(max(0.0, round_start + self._eval_interval_s - time.monotonic())):
+    self._watching = bool(self._env_step_timeout_s)
+    if self._watching:
+      threading.Thread(target=self._watch_env_calls, args=(kind,), daemon=True,
+                       name='env-watchdog').start()
+    try:
+      all_slots = np.arange(len(self.env_ids))
+      batch = self._env_call(kind, all_slots, self._envs.recv)
+      last_log = time.monotonic()
+      round_start, round_first_episode = time.monotonic(), 0
+      while not self._stop.is_set():
+        if self._eval_interval_s and self.episodes - round_first_episode >= self._eval_episodes:
+          # Evaluation round done: idle until the next one is due.
+          if self._stop.wait(max(0.0, round_start + self._eval_interval_s - time.monotonic())):
+            break
+          round_start, round_first_episode = time.monotonic(), self.episodes
+        if self._max_steps is not None and self.steps >= self._max_steps:
           break
-        round_start, round_first_episode = time.monotonic(), self.episodes
-      if self._max_steps is not None and self.steps >= self._max_steps:
-        break
-      ts = batch.step
-      reply = path.step(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
-                        ts.observation, ts.reward, ts.discount, ts.step_type, self.mode)
-      if reply is None:
-        break
-      if 'shutting_down' in reply:
-        # The server is stopping (end of run, or a restart): wait and send it again.
-        logging.info('Actor %d: %s; waiting', self._actor_id, reply['shutting_down'])
-        if self._stop.wait(1.0):
+        ts = batch.step
+        reply = path.step(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
+                          ts.observation, ts.reward, ts.discount, ts.step_type, self.mode)
+        if reply is None:
           break
-        continue
-      if self.steps == 0:
-        # Start-up diagnostics (and what tests wait for before killing an actor).
-        logging.info('%s %d: first answer from the inference server after %.1fs (%s)',
-                     kind, self._actor_id, time.monotonic() - started, path.name)
-      self._envs.send(reply['action'])
-      batch = self._envs.recv()  # a half-batch engine: the other half, stepped meanwhile
-      self.steps += 1
-      self.acting.add_steps(self.mode, len(batch.slots))
-      self.acting.add_episodes(self.mode, self._episodes.observe(
-          batch.slots, batch.step.step_type, batch.step.reward))
-      now = time.monotonic()
-      if now - last_log >= self._log_interval_s:
-        self._log_progress(kind, now - last_log)
-        last_log = now
+        if 'shutting_down' in reply:
+          # The server is stopping (end of run, or a restart): wait and send it again.
+          logging.info('Actor %d: %s; waiting', self._actor_id, reply['shutting_down'])
+          if self._stop.wait(1.0):
+            break
+          continue
+        if self.steps == 0:
+          # Start-up diagnostics (and what tests wait for before killing an actor).
+          logging.info('%s %d: first answer from the inference server after %.1fs (%s)',
+                       kind, self._actor_id, time.monotonic() - started, path.name)
+        self._env_call(kind, batch.slots, self._envs.send, reply['action'])
+        # A half-batch engine: the other half, stepped meanwhile.
+        batch = self._env_call(kind, all_slots, self._envs.recv)
+        self.steps += 1
+        self.acting.add_steps(self.mode, len(batch.slots))
+        self.acting.add_episodes(self.mode, self._episodes.observe(
+            batch.slots, batch.step.step_type, batch.step.reward))
+        now = time.monotonic()
+        if now - last_log >= self._log_interval_s:
+          self._log_progress(kind, now - last_log)
+          last_log = now
+    finally:
+      self._watching = False  # ends the watchdog
     path.close()
     self._envs.close()
     logging.info('%s %d stopped after %d calls; peak RSS %.0f MB; tensorflow imported: %s',
@@ -174,7 +254,86 @@ class EnvActor:
                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                  'tensorflow' in sys.modules)
 
+  # ---- env faults ----------------------------------------------------------------------
+  def _env_call(self, kind: str, slots: np.ndarray, method, *args):
+    """`method(*args)` of the engine, timed by the watchdog; an env that raises is
+    reported and ends the actor (`EnvFaultError`)."""
+    self._env_call_slots = slots
+    self._env_call_started = time.monotonic()
+    try:
+      return method(*args)
+    except Exception as e:  # pylint: disable=broad-except
+      # `EnvError` names the env; an engine of its own (e.g. Atari's vector engines)
+      # does not: the fault names the envs of the call.
+      error = e.error if isinstance(e, EnvError) else e
+      if isinstance(e, EnvError):
+        slots = np.asarray([e.slot])
+      fault = self._fault('raised', kind, slots, type(error).__name__, str(error))
+      if fault is None:  # the watchdog reported this call already
+        raise
+      raise EnvFaultError(fault) from e
+    finally:
+      self._env_call_started = None
+
+  def _fault(self, what: str, kind: str, slots: np.ndarray, error_type: str,
+             message: str) -> dict | None:
+    """Logs and reports one env fault (the first only; None after it)."""
+    with self._fault_lock:
+      if self.fault is not None:
+        return None
+      slots = np.asarray(slots, np.int64)
+      names = getattr(self._engine, 'names', None)
+      name = names[int(slots[0])] if names is not None and len(slots) == 1 else \
+          env_name(self._factory)
+      self.fault = fault = env_fault(what, f'{kind} {self._actor_id}', name,
+                                     self.env_ids[slots].tolist(), error_type, message,
+                                     self.seed + int(slots[0]) if len(slots) == 1
+                                     else self.seed)
+    logging.error('%s %d: env %s (env ids %s, seed %d) %s: %s: %s', kind, self._actor_id,
+                  name, fault['env_ids'], fault['seed'], what, error_type, message)
+    try:  # to the central node's log and summary; bounded: it may be away
+      self._central.futures.report_acting(fault_report(self._actor_id, [fault])).result(
+          timeout=_FAULT_REPORT_TIMEOUT_S)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('%s %d: could not report the env fault to the central node: %s',
+                      kind, self._actor_id, str(e).strip()[-300:])
+    return fault
+
+  def _watch_env_calls(self, kind: str) -> None:
+    """Reports an env call that has run over `env_step_timeout_s`, then ends the actor."""
+    limit = self._env_step_timeout_s
+    while self._watching and not self._stop.is_set():
+      started, slots = self._env_call_started, self._env_call_slots
+      if started is not None and time.monotonic() - started > limit:
+        current = getattr(self._engine, 'current_slot', None)
+        if current is not None:
+          slots = np.asarray([current])
+        if self._fault('hung', kind, slots, 'EnvStepTimeout',
+                       f'an env call has not returned after {limit:.0f}s '
+                       '(env_step_timeout_s)') is not None:
+          self._on_env_hang()
+        return
+      self._stop.wait(min(1.0, limit / 4))
+
+
+def _exit_hung() -> None:
+  """Ends this process after a hung env: its stacks to the log (where it hung), exit
+  hooks, then `ENV_HUNG_EXIT_CODE`."""
+  faulthandler.dump_traceback(all_threads=True)
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(supervisor.ENV_HUNG_EXIT_CODE)  # pylint: disable=protected-access
+
 
 def run_actor(stop_event: threading.Event, **kwargs) -> None:
-  """Entry point of a (supervised) actor process: `EnvActor(**kwargs).run()`."""
-  EnvActor(stop_event=stop_event, **kwargs).run()
+  """Entry point of a (supervised) actor process: `EnvActor(**kwargs).run()`; an env
+  fault (reported already) ends it with `ENV_FAULT_EXIT_CODE`, for a restart."""
+  try:
+    EnvActor(stop_event=stop_event, **kwargs).run()
+  except EnvFaultError as e:
+    logging.error('Actor exits for a restart on new seeds: %s', e)
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(supervisor.ENV_FAULT_EXIT_CODE)  # pylint: disable=protected-access

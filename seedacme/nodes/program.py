@@ -23,7 +23,7 @@ import launchpad as lp
 from launchpad.nodes.python import local_multi_processing
 
 from seedacme.actor.actor_side import run_actor_with_inference
-from seedacme.actor.env_actor import EnvActor, run_actor
+from seedacme.actor.env_actor import ENV_STEP_TIMEOUT_S, EnvActor, run_actor
 from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
 from seedacme.nodes.central import CentralNode
@@ -33,7 +33,10 @@ from seedacme.runtime.supervisor import run_supervised
 from seedacme.types import EnvFactory, EnvSpec, Mode
 
 # Threads each env-only actor process may use for numpy/BLAS: K envs must not fight
-# over the cores the learner needs.
+# over the cores the learner needs. Set in the environment of the process that does
+# the work: a supervised actor's child, whatever launcher started its node (local,
+# cluster, Vertex: there the node process imported numpy before any node code ran),
+# and, for local launches, the node process too (`local_resources`).
 ACTOR_ENV = {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1',
              'CUDA_VISIBLE_DEVICES': ''}
 
@@ -89,7 +92,9 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
     learner = program.add_node(node)
 
   def actor_node(name: str, **kwargs):
-    kwargs.update(env_factory=env_factory, nice=config.acting_nice)
+    kwargs.update(env_factory=env_factory, nice=config.acting_nice,
+                  env_step_timeout_s=getattr(config, 'env_step_timeout_s',
+                                             ENV_STEP_TIMEOUT_S))
     if config.inference == 'actor':
       # Acme's pattern: the actor runs its own policy copy (seedacme.actor.actor_side).
       kwargs.update(central=learner, replay_address=replay_node.reverb_address,
@@ -99,7 +104,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
       kwargs.update(inference=learner, transport=config.transport)
       target = run_actor
     if config.supervise:
-      return lp.PyNode(run_supervised, target=target, name=name, **kwargs)
+      return lp.PyNode(run_supervised, target=target, name=name, child_env=ACTOR_ENV,
+                       **kwargs)
     if config.inference == 'actor':
       return lp.PyNode(target, **kwargs)
     return lp.PyClassNode(EnvActor, **kwargs)

@@ -6,23 +6,31 @@ checks each one, adds its acting delta to the central node's `ActingLog` and sum
 batch statistics and trajectory counters, so the run monitor reads the same numbers it
 reads from a central `InferenceServer` (`seedacme.run.monitor.ActingSource`). It lives with the nodes: only the central
 node takes reports.
+
+Env faults (an env that raised or hung, `seedacme.wire.reports.env_fault`) come in
+reports too, from every actor: they are logged here by name and counted in the acting
+log. With central inference the intake is `faults_only`: a report that counts acting
+is refused, since the inference server counts it already.
 """
 
 import threading
 from typing import Any, Dict
 
+from absl import logging
 import numpy as np
 
 from seedacme.run.accounting import ActingLog
 from seedacme.serving.batcher import BatcherStats
-from seedacme.wire.reports import ActingReport, check_report
+from seedacme.wire.protocol import InvalidRequestError
+from seedacme.wire.reports import ActingReport, check_env_faults, check_report, has_acting
 
 
 class ReportIntake:
   """Adds up the actors' `report_acting` calls into one `ActingLog` and batch stats."""
 
-  def __init__(self, acting: ActingLog, envs_per_actor: int):
+  def __init__(self, acting: ActingLog, envs_per_actor: int, faults_only: bool = False):
     self._lock = threading.Lock()
+    self._faults_only = faults_only
     self.acting = acting
     self.actor_restarts = 0
     self.requests_refused = 0
@@ -36,6 +44,17 @@ class ReportIntake:
     """Adds one actor's report; `InvalidRequestError` (to that actor) if malformed."""
     report = check_report(report)
     source = int(report['source'])
+    if self._faults_only and has_acting(report):
+      raise InvalidRequestError('report_acting: this program runs central inference, '
+                                'which counts acting itself; reports carry env faults only')
+    for fault in check_env_faults(report.get('env_faults', [])):
+      self.acting.add_env_fault(fault['kind'])
+      logging.error('Env fault (%s) reported by %s: env %s, env ids %s, seed %d: '
+                    '%s: %r; the actor restarts on new seeds', fault['kind'], fault['actor'],
+                    fault['env_name'], fault['env_ids'], fault['seed'],
+                    fault['error_type'], fault['message'])
+    if self._faults_only:
+      return
     with self._lock:
       batches = int(report['batches'])
       self._batches += batches

@@ -6,7 +6,8 @@ running sums of their own. Two small pieces turn that into progress:
 * `EpisodeTracker` follows the episode in progress of every env (return and length so
   far; FIRST starts over) and hands back the episodes that a step ended.
 * `ActingLog` keeps the totals per `Mode` (training or greedy evaluation): env steps,
-  episodes and the recent returns and lengths the run monitor averages.
+  episodes and the recent returns and lengths the run monitor averages; and the env
+  faults actors reported (envs that raised or hung), by kind, for the summary.
 
 Who keeps one: the central node (fed by its inference server, or by the reports of
 actors that run their own inference), and every actor (its own envs, for its log lines
@@ -23,7 +24,7 @@ from typing import Dict, List
 import numpy as np
 
 from seedacme.types import FIRST, LAST, Episodes, Mode
-from seedacme.wire.reports import ActingReport
+from seedacme.wire.reports import ENV_FAULT_KINDS, ActingReport
 
 
 class EpisodeTracker:
@@ -83,6 +84,17 @@ class ActingLog:
     self._reported_steps = {m: 0 for m in Mode}
     self._unreported: Dict[Mode, List[Episodes]] | None = (
         {m: [] for m in Mode} if reporting else None)
+    self._env_faults = {kind: 0 for kind in ENV_FAULT_KINDS}
+
+  def add_env_fault(self, kind: str) -> None:
+    """Counts one env fault (`seedacme.wire.reports.ENV_FAULT_KINDS`)."""
+    with self._lock:
+      self._env_faults[kind] += 1
+
+  def env_fault_counts(self) -> Dict[str, int]:
+    """Env faults so far, as progress fields: `env_faults_raised`, `env_faults_hung`."""
+    with self._lock:
+      return {f'env_faults_{kind}': n for kind, n in self._env_faults.items()}
 
   def add_steps(self, mode: Mode, count: int) -> None:
     with self._lock:
