@@ -106,8 +106,9 @@ class CentralNode:
                                           replay, self.acting, self.placement.inference)
       if config.transport != 'courier':
         self.shm = ShmServer(self.server, spec, config.num_envs)
-    else:
-      self.intake = ReportIntake(self.acting, config.envs_per_actor)
+    # Every actor reports env faults; with central inference, nothing else.
+    self.intake = ReportIntake(self.acting, config.envs_per_actor,
+                               faults_only=self.server is not None)
     serving = self.server if self.server is not None else self.intake
     with learner_devices.activate():
       self.learner = builder.make_learner(self._networks, replay, spec)
@@ -173,9 +174,8 @@ class CentralNode:
     return [[v.numpy() for v in self._policy_variables] for _ in names]
 
   def report_acting(self, report: Dict[str, Any]) -> None:
-    """Progress from an actor that runs its own inference (`inference='actor'`)."""
-    if self.intake is None:
-      raise InvalidRequestError('report_acting: this program runs central inference')
+    """Progress from an actor that runs its own inference (`inference='actor'`); env
+    faults from any actor (`seedacme.wire.reports`)."""
     self.intake.report(report)
 
   # ---- the run -----------------------------------------------------------------------
