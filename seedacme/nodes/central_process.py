@@ -35,7 +35,7 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
   node = imports.central.CentralNode(
       stop_event=stop_event, replay=imports.reverb.Client(replay_address),
       **cloudpickle.loads(payload), **handles)
-  server = imports.courier_utils.make_courier_server(node, port=port, **courier_kwargs)
+  server = imports.central.make_central_server(node, port=port, **courier_kwargs)
   server.Start()
   try:
     node.run()
