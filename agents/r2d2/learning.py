@@ -1,6 +1,15 @@
 """The R2D2 learner step: prioritized sequences -> burn-in -> n-step double-Q -> Adam,
-then new priorities back to Reverb and a periodic target-network copy."""
+then new priorities back to Reverb and a periodic target-network copy.
 
+Reverb 0.7's `mutate_priorities` takes no timeout, and a replay server that stops
+answering (a hung or stopped process, a network partition) would block the learner
+in it for good. The update therefore runs on a worker thread that the learner waits
+for at most `PRIORITY_UPDATE_TIMEOUT_S`: past that, its priorities count as lost, as
+during an outage, and while that call stays hung the next updates are counted lost
+at once rather than started (at most one call outstanding, no pile of hung threads).
+"""
+
+import threading
 from typing import Any, Dict
 
 from absl import logging
@@ -16,6 +25,9 @@ from seedacme.learner.base import Learner
 from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_major
 from seedacme.trajectories.reverb_errors import is_server_away, server_answers
 
+# How long the learner waits for one priority update (module docstring): far above a
+# healthy update's milliseconds, short against a learner stuck for good.
+PRIORITY_UPDATE_TIMEOUT_S = 10.0
 
 
 
@@ -58,8 +70,10 @@ class R2D2Learner(Learner):
 
   def __init__(self, network: snt.Module, target_network: snt.Module, config: R2D2Config,
                batches: ReverbBatches | None, replay_client=None, table: str = '',
-               item_signature: Dict[str, Any] | None = None):
-    """`item_signature` (one sequence's specs) lets `warm_up` trace the step early."""
+               item_signature: Dict[str, Any] | None = None,
+               priority_timeout_s: float = PRIORITY_UPDATE_TIMEOUT_S):
+    """`item_signature` (one sequence's specs) lets `warm_up` trace the step early;
+    `priority_timeout_s`: the longest wait for one priority update."""
     self._network = network
     self._item_signature = item_signature
     self._target_network = target_network
@@ -71,7 +85,10 @@ class R2D2Learner(Learner):
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.priority_updates = 0
     self.priority_updates_lost = 0
+    self.priority_update_timeouts = 0
     self._priorities_failing = False
+    self._priority_timeout_s = priority_timeout_s
+    self._priority_call: threading.Thread | None = None  # the one that timed out
     self._devices = replicas.current()  # one device, or data-parallel over several
     self._devices.build_optimizer(self._optimizer, network)
     self.steps_per_call = config.sgd_steps_per_sample
@@ -137,29 +154,55 @@ class R2D2Learner(Learner):
     out = dict(metrics)
     out['priority_updates'] = float(self.priority_updates)
     out['priority_updates_lost'] = float(self.priority_updates_lost)
+    out['priority_update_timeouts'] = float(self.priority_update_timeouts)
     return out
 
   def _write_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
     """Sends new priorities to the table; while the replay server is away, counts them lost.
 
-    An outage (the replay node crashed and is being restarted) is logged once; the
-    dataset notices it too. Any other error, raised while the server answers (a missing
-    table, say), is a real one and raised.
+    An outage (the replay node crashed and is being restarted, or does not answer
+    within `priority_timeout_s`) is logged once; the dataset notices it too. Any other
+    error, raised while the server answers (a missing table, say), is a real one and
+    raised.
     """
-    try:
-      self._client.mutate_priorities(
-          self._table, updates=dict(zip(keys.tolist(), priorities.tolist())))
-    except Exception as e:  # pylint: disable=broad-except
-      if not (is_server_away(e) or not server_answers(self._client)):
-        raise
-      self.priority_updates_lost += len(keys)
-      if not self._priorities_failing:
-        logging.warning('Priority updates failed (%s: %s; the replay server is away); '
-                        'counting the lost ones', type(e).__name__, str(e)[:200])
-      self._priorities_failing = True
+    if self._priority_call is not None:
+      if self._priority_call.is_alive():  # still hung: start no second call
+        self._lost(len(keys), 'an earlier update is still waiting for the server')
+        return
+      self._priority_call = None
+    outcome: Dict[str, Any] = {}
+
+    def update():
+      try:
+        self._client.mutate_priorities(
+            self._table, updates=dict(zip(keys.tolist(), priorities.tolist())))
+      except Exception as e:  # pylint: disable=broad-except
+        outcome['error'] = e
+
+    call = threading.Thread(target=update, name='priority-update', daemon=True)
+    call.start()
+    call.join(self._priority_timeout_s)
+    if call.is_alive():
+      self._priority_call = call
+      self.priority_update_timeouts += 1
+      self._lost(len(keys), f'no answer within {self._priority_timeout_s:.0f}s')
+      return
+    error = outcome.get('error')
+    if error is not None:
+      if not (is_server_away(error) or not server_answers(self._client)):
+        raise error
+      self._lost(len(keys), f'{type(error).__name__}: {str(error)[:200]}')
       return
     self.priority_updates += len(keys)
     self._priorities_failing = False
+
+  def _lost(self, count: int, why: str) -> None:
+    """Counts `count` priority updates lost to an outage; logs the outage's first."""
+    self.priority_updates_lost += count
+    if not self._priorities_failing:
+      logging.warning('Priority updates failed (%s; the replay server is away); '
+                      'counting the lost ones', why)
+    self._priorities_failing = True
 
   def step(self) -> Dict[str, float] | None:
     sample = self._batches.next()

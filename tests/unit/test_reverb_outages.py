@@ -1,7 +1,8 @@
 """A Reverb server that goes away under its clients (the replay node crashed): the
 learner's dataset, the trajectory writer and R2D2's priority updates call it an outage
 (`reverb_errors.is_server_away`) and wait it out instead of raising, and they still
-raise real errors.
+raise real errors. A server that stops answering (SIGSTOP) holds R2D2's priority
+update no longer than its timeout, with at most one call outstanding.
 
 The server of the kill tests is a subprocess, SIGKILLed as a crashing replay node is.
 The server lost during the dataset's signature call is made deterministic by stopping
@@ -275,13 +276,14 @@ class _PrioritiesClient:
     return {}
 
 
-def _r2d2_learner(client):
+def _r2d2_learner(client, table='q', **kwargs):
   import sonnet as snt  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2 import R2D2Config  # pylint: disable=g-import-not-at-top
   from seedacme.agents.r2d2.learning import R2D2Learner  # pylint: disable=g-import-not-at-top
   # Networks without variables: only the priority write-back is exercised.
   return R2D2Learner(snt.allow_empty_variables(snt.Module()),
-                     snt.allow_empty_variables(snt.Module()), R2D2Config(), None, client, 'q')
+                     snt.allow_empty_variables(snt.Module()), R2D2Config(), None, client,
+                     table, **kwargs)
 
 
 @pytest.mark.timeout(60)
@@ -293,3 +295,64 @@ def test_r2d2_priority_updates_count_outages_lost_and_raise_real_errors():
   learner = _r2d2_learner(_PrioritiesClient(RuntimeError('Priority table q was not found')))
   with pytest.raises(RuntimeError, match='not found'):
     learner._write_priorities(keys, priorities)  # pylint: disable=protected-access
+
+
+_PRIORITIZED_SERVER = '''
+import sys
+import reverb, tensorflow as tf
+server = reverb.Server([reverb.Table('p', reverb.selectors.Prioritized(0.9),
+                                     reverb.selectors.Fifo(), 1000,
+                                     reverb.rate_limiters.MinSize(1),
+                                     signature={'x': tf.TensorSpec((3,), tf.float32)})],
+                       port=int(sys.argv[1]))
+server.wait()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_r2d2_priority_updates_to_a_stopped_server_time_out_one_call_at_a_time(
+    tmp_path, wait_until):
+  """A replay server that stops answering (SIGSTOP) does not block the learner: each
+  update waits at most its timeout, counts as lost, and no second call starts while
+  the first is hung; once the server answers again, updates go through."""
+  import reverb  # pylint: disable=g-import-not-at-top
+  from seedacme.trajectories.reverb_errors import server_answers  # pylint: disable=g-import-not-at-top
+  port = portpicker.pick_unused_port()
+  server = ServerProcess(_PRIORITIZED_SERVER, [str(port)], str(tmp_path / 'server.log'))
+  try:
+    client = reverb.Client(f'localhost:{port}')
+    assert wait_until(lambda: server_answers(client, 2), 60), \
+        open(tmp_path / 'server.log').read()[-2000:]
+    writer = client.trajectory_writer(num_keep_alive_refs=1)
+    for _ in range(3):
+      writer.append({'x': np.ones(3, np.float32)})
+      writer.create_item('p', 1.0, {'x': writer.history['x'][-1]})
+    writer.flush(timeout_ms=10_000)
+    writer.close()
+    keys = np.array([s[0].info.key for s in client.sample('p', num_samples=3)])
+    learner = _r2d2_learner(client, table='p', priority_timeout_s=1.0)
+    learner._write_priorities(keys, np.array([0.5, 0.6, 0.7]))  # pylint: disable=protected-access
+    assert (learner.priority_updates, learner.priority_updates_lost) == (3, 0)
+
+    def update_threads():
+      return [t for t in threading.enumerate() if t.name == 'priority-update']
+
+    server.proc.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    learner._write_priorities(keys, np.array([0.1, 0.2, 0.3]))  # pylint: disable=protected-access
+    assert 0.9 < time.monotonic() - started < 5
+    assert learner.priority_updates_lost == 3 and learner.priority_update_timeouts == 1
+    assert len(update_threads()) == 1
+    for _ in range(3):  # the hung call is still out: these do not wait, nor start one
+      started = time.monotonic()
+      learner._write_priorities(keys, np.array([0.1, 0.2, 0.3]))  # pylint: disable=protected-access
+      assert time.monotonic() - started < 0.5
+    assert learner.priority_updates_lost == 12 and len(update_threads()) == 1
+    server.proc.send_signal(signal.SIGCONT)
+    assert wait_until(lambda: not update_threads(), 30)  # the hung call returned
+    learner._write_priorities(keys, np.array([0.4, 0.5, 0.6]))  # pylint: disable=protected-access
+    assert learner.priority_updates == 6 and learner.priority_updates_lost == 12
+  finally:
+    if server.proc.poll() is None:
+      server.proc.send_signal(signal.SIGCONT)
+    server.kill()
