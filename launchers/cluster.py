@@ -22,8 +22,10 @@ other hosts.
 """
 
 import argparse
+import ipaddress
 import json
 import os
+import socket
 import sys
 from typing import Dict, List, Sequence
 
@@ -59,7 +61,59 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='build the program, check --cluster_spec and --replicas, print which '
                  'replica starts where; start nothing (needs no xmanager)')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  p.add_argument('--allow_public_addresses', action='store_true',
+                 help='accept cluster spec addresses outside loopback and private ranges '
+                 '(refused by default: ' + EXPOSURE + ')')
   return p.parse_args(argv)
+
+
+EXPOSURE = ('Courier and Reverb have no authentication: anyone who can reach a '
+            "replica's port can send inference requests and reports, and read, write or "
+            'reset the replay. Run the cluster on a private network or a VPN')
+
+
+def _resolve(host: str) -> List[str]:
+  """The addresses `host` names (a literal address: itself). A lookup, never a
+  connection; a name that does not resolve is checked as unknown."""
+  host = host.strip('[]')
+  try:
+    ipaddress.ip_address(host)
+    return [host]
+  except ValueError:
+    pass
+  try:
+    return sorted({info[4][0] for info in socket.getaddrinfo(host, None)})
+  except OSError:
+    return []
+
+
+def public_addresses(hosts: Dict[str, List[str]], resolve=_resolve) -> List[str]:
+  """The spec's `host:port` entries that are not on loopback or a private network
+  (RFC 1918, RFC 6598 shared space, IPv6 unique-local and link-local), or that do not
+  resolve: where an open port is reachable from outside."""
+  exposed = []
+  for addresses in hosts.values():
+    for address in addresses:
+      host = str(address).rpartition(':')[0]
+      ips = resolve(host)
+      if not ips or any(_is_public(ip) for ip in ips):
+        exposed.append(f'{address} ({", ".join(ips) or "does not resolve"})')
+  return exposed
+
+
+_PRIVATE_V4 = [ipaddress.ip_network(n) for n in (
+    '127.0.0.0/8', '10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16',
+    '100.64.0.0/10',  # shared address space: carrier-grade NAT, Tailscale
+    '169.254.0.0/16')]
+_PRIVATE_V6 = [ipaddress.ip_network(n) for n in ('::1/128', 'fc00::/7', 'fe80::/10')]
+
+
+def _is_public(ip: str) -> bool:
+  address = ipaddress.ip_address(ip.split('%')[0])
+  if address.version == 6 and address.ipv4_mapped is not None:
+    address = address.ipv4_mapped
+  private = _PRIVATE_V4 if address.version == 4 else _PRIVATE_V6
+  return not any(address in network for network in private)
 
 
 def plan_pools(groups: Dict[str, int]) -> Dict[str, List[str]]:
@@ -132,6 +186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     print(f'cluster: {e}', file=sys.stderr)
     return 2
+  exposed = public_addresses(hosts) if hosts else []
+  if exposed and not args.allow_public_addresses:
+    print(f'cluster: refusing addresses outside loopback and private networks: '
+          f'{", ".join(exposed)}. {EXPOSURE}; --allow_public_addresses starts it anyway',
+          file=sys.stderr)
+    return 2
+  if hosts:
+    print(f'cluster: {EXPOSURE}' + (' (public addresses allowed by flag)' if exposed else ''),
+          file=sys.stderr)
 
   if args.json:
     print(json.dumps({

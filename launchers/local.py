@@ -31,7 +31,8 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--network', choices=('isolated', 'host'), default='isolated',
                       help="isolated: run every node in a private network namespace with "
                       "only loopback, so Courier and Reverb (which bind all interfaces) are "
-                      "unreachable from other machines; host: the machine's network")
+                      "unreachable from other machines, or refuse to start where that is "
+                      "impossible; host: the machine's network, exposed (" + EXPOSURE + ")")
   return parser.parse_args(argv)
 
 
@@ -79,38 +80,105 @@ def _sample_node_memory(logdir: str, peak: Dict[str, float]) -> None:
 
 _NETNS_ENV = 'SEEDACME_PRIVATE_NETNS'
 
+# What an exposed program allows, said wherever a user chooses exposure.
+EXPOSURE = ('Courier and Reverb listen on every interface of this machine and have no '
+            'authentication: anyone who can reach their ports can send inference '
+            'requests and reports, and read, write or reset the replay')
 
-def _isolate_network() -> bool:
-  """Re-executes this launcher in a private network namespace with only loopback.
+
+class ExposureError(RuntimeError):
+  """The program cannot be isolated and the user did not ask to run exposed."""
+
+
+def isolation_problem(command: List[str]) -> str | None:
+  """Re-executes `command` in a private user+network namespace with only loopback up
+  (`unshare -rn`), unless this process already runs in one (then returns None).
 
   Courier and Reverb in this stack listen on every interface (`[::]:port`) with no
   option to bind loopback only. A local program needs nothing but loopback, so the
-  launcher moves itself -- and with it every node it starts -- into a new user+network
-  namespace (`unshare -rn`) and brings `lo` up there. Returns False (and the caller
-  stays on the host network) where user namespaces are not available.
+  launcher moves itself -- and with it every node it starts -- into a new namespace.
+  Returns why it cannot (user namespaces unavailable, `unshare`/`ip` missing); it does
+  not return when it could.
   """
   if os.environ.get(_NETNS_ENV):
-    return True  # already inside
+    return None  # already inside
   probe = subprocess.run(['unshare', '-rn', 'ip', 'link', 'set', 'lo', 'up'],
                          capture_output=True, text=True) if shutil.which('unshare') \
       and shutil.which('ip') else None
   if probe is None or probe.returncode != 0:
-    reason = 'unshare/ip missing' if probe is None else probe.stderr.strip()
-    print(f'seedacme: cannot isolate the network ({reason}); Courier and Reverb will '
-          'listen on all interfaces', file=sys.stderr)
-    return False
+    return 'unshare/ip missing' if probe is None else \
+        (probe.stderr.strip() or f'unshare exited {probe.returncode}')
   os.environ[_NETNS_ENV] = '1'
   sys.stdout.flush()
+  sys.stderr.flush()
   os.execvp('unshare', ['unshare', '-rn', '--', 'sh', '-c',
-                        'ip link set lo up && exec "$0" "$@"', sys.executable, '-m',
-                        'seedacme.launchers.local', *sys.argv[1:]])
-  return True  # not reached
+                        'ip link set lo up && exec "$0" "$@"', *command])
+  return None  # not reached
+
+
+def _refusal(problem: str, how_to_allow: str) -> str:
+  return (f'cannot isolate the network ({problem}), so the program would run exposed: '
+          f'{EXPOSURE}. Refusing to start; {how_to_allow} to run on the host network '
+          'anyway (behind a firewall, or on a private network or VPN)')
+
+
+def _reexecutable() -> bool:
+  """Whether this process's command line can start it again (not an interactive
+  session or a script read from stdin)."""
+  return bool(sys.argv) and sys.argv[0] not in ('', '-')
+
+
+def launch(program, logdir: str, network: str = 'isolated'):
+  """Launches `program` on this machine the way `run_local` does; returns Launchpad's
+  worker manager (`.wait()` until the program stops).
+
+  * `network='isolated'` (default): every node runs in a private network namespace
+    with only loopback. This process re-executes its own command line
+    (`sys.orig_argv`) inside one first, so call it from a script or `python -m`;
+    the script runs again from its start in the namespace. Where that is impossible
+    it raises `ExposureError` naming why; `network='host'` runs exposed anyway.
+  * node logs go to `<logdir>/nodes/<group>/<i>`; actors and the evaluator get
+    `run_local`'s thread limits (`seedacme.nodes.program.local_resources`).
+  """
+  if network not in ('isolated', 'host'):
+    raise ValueError(f"network must be 'isolated' or 'host', got {network!r}")
+  if network == 'isolated':
+    if not _reexecutable():
+      raise ExposureError('launch(network="isolated") re-executes the calling script '
+                          'in a private network namespace: run it as a script (python '
+                          'my_program.py) or pass network="host" to run exposed')
+    problem = isolation_problem([sys.executable, *sys.orig_argv[1:]])
+    if problem:
+      raise ExposureError(_refusal(problem, 'pass network="host"'))
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
+  from launchpad.launch.run_locally import launch_local_output_to_files as to_files  # pylint: disable=g-import-not-at-top
+  nodes = os.path.join(logdir, 'nodes')
+  os.makedirs(nodes, exist_ok=True)
+  os.environ['LAUNCHPAD_LOGGING_DIR'] = nodes
+  # Launchpad reads that variable once, when it is first imported (a user's script
+  # has imported it by now): point the module at the run's logdir as well.
+  to_files._LOGGING_DIR = nodes  # pylint: disable=protected-access
+  os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+  return lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
+                   terminal='output_to_files',
+                   local_resources=program_lib.local_resources(program))
 
 
 def main(argv: List[str] | None = None) -> int:
   args = parse_args(argv)
-  if args.network == 'isolated' and argv is None:
-    _isolate_network()
+  if args.network == 'isolated':
+    # Called from the command line: this module again; from Python (`main(argv)`,
+    # e.g. after registering an agent): the calling command line, as `launch` does.
+    problem = isolation_problem(
+        [sys.executable, '-m', 'seedacme.launchers.local', *sys.argv[1:]] if argv is None
+        else [sys.executable, *sys.orig_argv[1:]]) if argv is None or _reexecutable() \
+        else 'this Python session cannot be re-executed (run it as a script)'
+    if problem:
+      print(f'seedacme: {_refusal(problem, "pass --network host")}', file=sys.stderr)
+      return 2
+  elif args.network == 'host':
+    print(f'seedacme: --network host: {EXPOSURE}', file=sys.stderr)
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
   os.makedirs(os.path.join(logdir, 'nodes'), exist_ok=True)
@@ -138,9 +206,7 @@ def main(argv: List[str] | None = None) -> int:
       builder, factory, spec, config,
       stop_program=lp.make_program_stopper(lp.LaunchType.LOCAL_MULTI_PROCESSING),
       name=f'seedacme_{args.env}_{args.agent}')
-  manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                      terminal='output_to_files',
-                      local_resources=program_lib.local_resources(program))
+  manager = launch(program, logdir, network='host')  # isolated above, if asked
 
   failure: List[BaseException] = []
 

@@ -21,7 +21,7 @@ def command(args: Sequence[str], logdir: str | None = None,
 
   `register`: a module imported first, which registers agents or envs of its own
   (`agents.registry.register_agent`, `envs.registry.register_env`); run_local then runs
-  in this (host) network namespace.
+  in a private network namespace too (it re-executes its command line, as `run_local` does).
   """
   if register is None:
     cmd = [sys.executable, '-m', MODULE, *args]
