@@ -32,6 +32,7 @@ import numpy as np
 from seedacme.run.accounting import ActingLog
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.types import Mode
+from seedacme.wire import courier_guard
 from seedacme.wire.reports import POLICY_VARIABLES
 
 
@@ -184,6 +185,7 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
   tf.config.threading.set_inter_op_parallelism_threads(1)
   if hasattr(replay_address, 'resolve'):
     replay_address = replay_address.resolve()
+  courier_guard.install()  # the central node's replies rebuild no code
   acting = ActingLog(reporting=True)
   inference = ActorSideInference(
       payload, replay_address, central, actor_kwargs['first_env_id'],

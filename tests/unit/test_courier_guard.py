@@ -156,3 +156,37 @@ def test_a_hostile_server_reply_runs_nothing_on_an_actor(tmp_path, mode):
   finally:
     hostile.stdin.close()
     hostile.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_launchpads_courier_node_path_serves_only_the_surface(central, tmp_path):
+  """Unsupervised (`ProgramConfig(supervise=False)`), Launchpad's `CourierNode` builds a
+  server binding every public method and hands it to `set_courier_server`: the node
+  serves its own, narrow one on that port instead."""
+  from launchpad.nodes.courier import courier_utils  # pylint: disable=g-import-not-at-top
+  node, factory, _ = central
+  port = portpicker.pick_unused_port()
+  node.set_courier_server(courier_utils.make_courier_server(node, port=port))
+  own = node._courier  # pylint: disable=protected-access
+  own.Start()
+  try:
+    target = str(tmp_path / 'pwned')
+    out = _run_attacker(f'''
+      client = courier.Client('localhost:{port}')
+      for call in (lambda: client.finish(None), lambda: client.shutdown(),
+                   lambda: client.step(Evil({target!r}))):
+        try:
+          call()
+          print('ANSWERED')
+        except Exception as e:
+          print('ERROR', str(e).replace(chr(10), ' ')[-300:])
+    ''')
+    lines = out.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith('ERROR') for line in lines), out
+    assert 'refused to rebuild posix.mkdir' in lines[2]
+    assert not os.path.exists(target)
+    assert _valid_step(f'localhost:{port}', factory)['action'].shape == (2,)
+  finally:
+    own.Stop()
+    own.Join()
+    node._courier = None  # pylint: disable=protected-access
