@@ -6,6 +6,11 @@
 through as bytes and never imports TensorFlow; the child (`serve_central`) builds the
 `CentralNode` and serves Courier on the node's port, so a restarted child binds the same
 address and actors reconnect.
+
+Its planned stop (SIGTERM) gives the child `CENTRAL_STOP_TIMEOUT_S` before it is killed,
+not the 6 s other nodes get: `CentralNode.finish` may wait `LEARNER_JOIN_S` for the
+learner's step in flight and then writes the last checkpoint. It stays under the 10 s
+after which Launchpad kills a node's processes (`lp_termination_notice_secs`).
 """
 
 import threading
@@ -20,6 +25,9 @@ from seedacme.runtime.supervisor import Supervisor, exit_node
 
 # What a standby child imports ahead of need (the order `serve_central` uses).
 STANDBY_IMPORTS = ('seedacme.nodes.central_imports',)
+# The central child's grace after SIGTERM: the learner join of `finish` (4 s), the
+# summary, the last checkpoint and Courier's stop (module docstring).
+CENTRAL_STOP_TIMEOUT_S = 9.0
 
 
 def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[str, Any],
@@ -63,6 +71,14 @@ class SupervisedCentralNode(lp.CourierNode):
     kwargs.update(port=lp.get_port_from_address(self._address.resolve()),
                   courier_kwargs=self._courier_kwargs,
                   replay_address=kwargs['replay_address'].resolve())
-    Supervisor(serve_central, kwargs, 'learner',
-               standby_imports=STANDBY_IMPORTS if self._standby else ()).run()
+    central_supervisor(kwargs, standby=self._standby).run()
     exit_node()
+
+
+def central_supervisor(kwargs: Dict[str, Any], standby: bool = False,
+                       stop_event: threading.Event | None = None) -> Supervisor:
+  """The supervisor of a central node's child: `serve_central(**kwargs)`, with the
+  central node's grace and, with `standby`, a standby child."""
+  return Supervisor(serve_central, kwargs, 'learner', stop_event=stop_event,
+                    stop_timeout_s=CENTRAL_STOP_TIMEOUT_S,
+                    standby_imports=STANDBY_IMPORTS if standby else ())
