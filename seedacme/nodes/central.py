@@ -55,6 +55,9 @@ from seedacme.wire.reports import POLICY_VARIABLES
 # How long a node that asked the launcher to stop the program keeps serving, waiting
 # for its own stop signal (actors are not left retrying against a closed server).
 PROGRAM_STOP_WAIT_S = 60.0
+# How long `finish` waits for the learner's step in flight; the central supervisor's
+# grace (`central_process.CENTRAL_STOP_TIMEOUT_S`) leaves room for it and the save.
+LEARNER_JOIN_S = 4.0
 
 
 def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
@@ -240,7 +243,8 @@ class CentralNode:
     1. The learner stops (its thread ends after the step in flight) and releases its
        dataset.
     2. `summary.json` is written, once, over the run's steady window.
-    3. The last checkpoint is saved (not after a failed or diverged learner: the last
+    3. The last checkpoint is saved, also when the learner's step in flight has not
+       ended after `LEARNER_JOIN_S` (not after a failed or diverged learner: the last
        good one stays), and after a planned end (a target or a budget) the policy is
        exported.
     4. The program stops: after a planned end or a divergence (NaN in the loss, actions
@@ -256,9 +260,11 @@ class CentralNode:
         self._stop = default_stop_event()
       self.stop_reason = reason
       loop = self.loop
-      stopped = loop is None or loop.join(5)
+      stopped = loop is None or loop.join(LEARNER_JOIN_S)
       if not stopped:
-        logging.warning('Learner thread still blocked after 5s; finishing without it')
+        logging.warning('Learner thread still in a step after %.0fs; finishing without '
+                        'it (the last checkpoint may hold part of that step)',
+                        LEARNER_JOIN_S)
       else:
         # Learning is over: release the dataset while the replay node surely serves
         # (dropping a tf.data iterator whose sample is in flight to a server that is
@@ -268,7 +274,7 @@ class CentralNode:
                                             self.resumed_from)
       logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
                    format_line(self.summary))
-      if self._checkpointer is not None and stopped and \
+      if self._checkpointer is not None and \
           reason.kind not in (StopKind.LEARNER_FAILED, StopKind.DIVERGED):
         self._checkpointer.save(self._counters())
       if self._config.export_policy and reason.is_budget:
