@@ -85,3 +85,105 @@ def test_exported_policy_matches_network(tmp_path, agent):
   expected, _ = network(obs, network.initial_state(5))
   tf.nest.map_structure(lambda a, b: np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5),
                         out, expected)
+
+
+# ---- a restore matches every saved object, or fails naming what does not match ------
+CATCH = EnvSpec((10, 5), 'float32', 3)
+
+
+def _catch_learner(train=True, **config):
+  """A real V-trace learner on Catch's spec, trained one step (so that its optimizer
+  state, which Sonnet creates at the first update, is in its checkpoints) or fresh."""
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(unroll_length=5, batch_size=4,
+                                                     lstm_size=8, **config))
+  network = builder.make_networks(CATCH)
+  learner = vtrace.learning.VTraceLearner(network, builder.config, batches=None)
+  rng = np.random.default_rng(0)
+  batch = {k: (tf.nest.map_structure(lambda s: tf.zeros((4,) + tuple(s.shape), s.dtype), v)
+               if k == 'initial_state' else
+               tf.constant(rng.normal(size=(4,) + tuple(v.shape)).astype(
+                   v.dtype.as_numpy_dtype)) if v.dtype.is_floating else
+               tf.ones((4,) + tuple(v.shape), v.dtype))
+           for k, v in builder.item_signature(CATCH).items()}
+  if train:
+    learner.train_on(batch)
+  return network, learner, batch
+
+
+@pytest.mark.parametrize('saved, resumed, named', [
+    (dict(core='feedforward'), dict(core='lstm'), 'lacks'),
+    (dict(core='lstm'), dict(core='feedforward'), 'lacks'),
+    # Only layer 1 differs: expect_partial() restored layer 0 and the head and dropped
+    # the second layer without a word.
+    (dict(hidden_sizes=(16, 16)), dict(hidden_sizes=(16,)), 'the checkpoint has'),
+    (dict(hidden_sizes=(16,)), dict(hidden_sizes=(16, 16)), 'the program has'),
+    (dict(normalize_observations=True), dict(), 'the checkpoint has'),
+    (dict(hidden_sizes=(16,)), dict(hidden_sizes=(32,)), 'Shapes'),
+])
+def test_a_restore_into_another_network_fails_naming_what_does_not_match(
+    tmp_path, saved, resumed, named):
+  _, learner, _ = _catch_learner(**saved)
+  Checkpointer(str(tmp_path), learner.checkpoint_state()).save(
+      {'learner_steps': 1, 'env_steps': 10, 'episodes': 1})
+  network, other, _ = _catch_learner(train=False, **resumed)
+  before = _flat(network.variables)
+  with pytest.raises(RuntimeError, match='does not match this program') as raised:
+    Checkpointer(str(tmp_path), other.checkpoint_state()).restore()
+  assert named in str(raised.value)
+  assert getattr(raised.value, 'fatal', False)  # the supervisor does not retry it
+  if named != 'Shapes':  # refused before any variable changed
+    np.testing.assert_array_equal(_flat(network.variables), before)
+
+
+@pytest.mark.parametrize('config', [dict(core='feedforward'), dict(core='lstm'),
+                                    dict(normalize_observations=True)])
+def test_a_matching_restore_of_a_trained_learner_passes_with_its_optimizer_state(
+    tmp_path, config):
+  network, learner, batch = _catch_learner(**config)
+  Checkpointer(str(tmp_path), learner.checkpoint_state()).save(
+      {'learner_steps': 1, 'env_steps': 10, 'episodes': 1})
+  network2, learner2, _ = _catch_learner(train=False, **config)  # no optimizer state yet
+  assert Checkpointer(str(tmp_path), learner2.checkpoint_state()).restore()
+  np.testing.assert_array_equal(_flat(network2.variables), _flat(network.variables))
+  learner.train_on(batch)  # the same next step: the moments came back at the first one
+  learner2.train_on(batch)
+  np.testing.assert_allclose(_flat(network2.variables), _flat(network.variables), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
+  """PPO (normalizer, reward statistics) and SAC (three optimizers) after an update."""
+  from seedacme.agents import ppo, sac  # pylint: disable=g-import-not-at-top
+  continuous = EnvSpec((5,), 'float32', 0, (2,), (-1.0, -2.0), (1.0, 0.5))
+
+  def sac_learner(train=True):
+    config = sac.SACConfig(batch_size=8, min_replay_size=8, hidden_sizes=(16,))
+    builder = sac.SACBuilder(config)
+    nets = builder.make_networks(continuous)
+    learner = sac.learning.SACLearner(nets, config, None, builder.item_signature(continuous),
+                                      builder.layout(continuous))
+    rng = np.random.default_rng(0)
+    if train:
+      learner.train_on({
+          'observation': tf.constant(rng.normal(size=(8, 2, 5)).astype(np.float32)),
+          'reward': tf.ones((8, 2)), 'discount': tf.ones((8, 2)),
+          'step_type': tf.ones((8, 2), tf.int8),
+          'raw_action': tf.constant(rng.normal(size=(8, 2, 2)).astype(np.float32))})
+    return learner
+
+  def ppo_learner(train=True):
+    config = ppo.PPOConfig(unroll_length=5, batch_size=4, num_minibatches=2,
+                           normalize_observations=True, hidden_sizes=(8,))
+    builder = ppo.PPOBuilder(config)
+    network = builder.make_networks(continuous)
+    signature = builder.item_signature(continuous)
+    learner = ppo.learning.PPOLearner(network, config, None, signature)
+    batch = {k: tf.ones((4,) + tuple(s.shape), s.dtype) for k, s in signature.items()}
+    if train:
+      learner.train_on(batch)
+    return learner
+
+  for i, make in enumerate((sac_learner, ppo_learner)):
+    directory = str(tmp_path / str(i))
+    Checkpointer(directory, make().checkpoint_state()).save({'learner_steps': 1})
+    assert Checkpointer(directory, make(train=False).checkpoint_state()).restore()
