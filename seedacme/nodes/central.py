@@ -38,6 +38,7 @@ from seedacme.learner.checkpointing import Checkpointer, export_policy
 from seedacme.learner.loop import LearnerLoop
 from seedacme.nodes.placed import place_networks
 from seedacme.nodes.report_intake import ReportIntake
+from seedacme.nodes.service import make_central_server
 from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
@@ -58,7 +59,6 @@ PROGRAM_STOP_WAIT_S = 60.0
 # How long `finish` waits for the learner's step in flight; the central supervisor's
 # grace (`central_process.CENTRAL_STOP_TIMEOUT_S`) leaves room for it and the save.
 LEARNER_JOIN_S = 4.0
-
 
 def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
                           config: ProgramConfig, replay: Any,
@@ -140,13 +140,20 @@ class CentralNode:
     self.summary: Dict[str, Any] | None = None
     self._finish_lock = threading.Lock()
     self._closing = False
+    self._courier = None  # set when Launchpad's `CourierNode` hosts this node
     logging.info('Central node ready (%s inference%s): %d envs (%d training), batch of '
                  '%d envs, timeout %.1f ms', config.inference,
                  '' if config.train else ', acting only', config.num_envs,
                  config.num_train_envs, serving.max_batch_envs,
                  config.inference_timeout_ms)
 
-  # ---- Courier methods -------------------------------------------------------------
+  def set_courier_server(self, server) -> None:
+    """Launchpad's `CourierNode` hook: serve `PUBLIC_METHODS` on its port instead of
+    the server it built (which binds every public method); `run` starts and stops it."""
+    self._courier = make_central_server(self, port=server.port,
+                                        thread_pool_size=server._thread_pool_size)  # pylint: disable=protected-access
+
+  # ---- Courier methods (`PUBLIC_METHODS`, served through `CentralService`) -----------
   def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
     """Inference for one actor's batch of envs (see `seedacme.wire.protocol`)."""
     if self.server is None:
@@ -157,12 +164,12 @@ class CentralNode:
           'node serves no inference steps')
     return self.server.step(request)
 
-  def shm_offer(self) -> Dict[str, Any] | None:
-    """How a same-host actor attaches to shared memory (None: not offered;
-    `{'closing': True}` while the node stops)."""
+  def shm_offer(self, pid: int | None = None) -> Dict[str, Any] | None:
+    """How the same-host actor process `pid` attaches to shared memory, its ticket
+    bound to `pid` (None: not offered; `{'closing': True}` while the node stops)."""
     if self.shm is None:
       return None
-    return {'closing': True} if self._closing else self.shm.offer()
+    return {'closing': True} if self._closing else self.shm.offer(pid)
 
   def progress(self) -> Dict[str, Any]:
     """The latest progress record."""
@@ -200,6 +207,17 @@ class CentralNode:
     """
     if self._stop is None:
       self._stop = default_stop_event()
+    if self._courier is not None:
+      self._courier.Start()
+      try:
+        self._run()
+      finally:
+        self._courier.Stop()
+        self._courier.Join()
+    else:
+      self._run()
+
+  def _run(self) -> None:
     c = self._config
     self.loop = loop = LearnerLoop(
         self.learner, self._stop, c.learner_step_delay_s,

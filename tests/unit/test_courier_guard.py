@@ -25,7 +25,8 @@ from seedacme import envs
 from seedacme.actor.env_actor import EnvActor
 from seedacme.agents import vtrace
 from seedacme.config import ProgramConfig
-from seedacme.nodes.central import PUBLIC_METHODS, CentralNode, make_central_server
+from seedacme.nodes.central import CentralNode
+from seedacme.nodes.service import PUBLIC_METHODS, make_central_server
 from seedacme.types import Mode
 from seedacme.wire import courier_guard
 from seedacme.wire.protocol import make_request
