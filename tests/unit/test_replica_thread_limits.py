@@ -43,7 +43,7 @@ def test_an_actor_replica_s_work_runs_with_the_thread_limits(tmp_path, wait_unti
   factory, spec, builder, config = make_program_inputs(args, str(tmp_path / 'run'))
   program = program_lib.make_program(builder, factory, spec, config, name='t')
   pools = cluster.plan_pools({g: len(n) for g, n in program.groups.items()})
-  for label, nodes in program.groups.items():
+  for nodes in program.groups.values():
     for node in nodes:
       node._initialize_context(lp_context.LaunchType.VERTEX_AI, launch_config=None)  # pylint: disable=protected-access
   for label, nodes in program.groups.items():
