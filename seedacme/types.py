@@ -49,6 +49,13 @@ class EnvSpec:
     action_shape: shape of one continuous action (`()` for discrete actions).
     action_minimum, action_maximum: the continuous action's bounds, flat, one per
       action dimension (finite: agents map their squashed actions onto them).
+    max_abs_reward: the largest |reward| a request may carry; the server refuses
+      more, by name (`seedacme.wire.protocol`). The default, 1e6, is above any
+      per-step reward of the envs here (Atari's raw scores, MuJoCo, Football, DMLab)
+      and keeps what learners compute from rewards finite in float32: a squared
+      TD error of returns up to ~1e8 (1e6 / (1 - 0.99)) stays far below float32's
+      3.4e38, where any finite float32 reward (up to 3.4e38) would overflow it.
+      An env with larger rewards says so here (`math.inf`: finite is enough).
   """
   observation_shape: Tuple[int, ...]
   observation_dtype: str
@@ -56,8 +63,11 @@ class EnvSpec:
   action_shape: Tuple[int, ...] = ()
   action_minimum: Tuple[float, ...] = ()
   action_maximum: Tuple[float, ...] = ()
+  max_abs_reward: float = 1e6
 
   def __post_init__(self):
+    if not self.max_abs_reward > 0:  # also refuses NaN
+      raise ValueError(f'EnvSpec: max_abs_reward must be > 0, got {self.max_abs_reward}')
     if self.action_shape:
       size = int(np.prod(self.action_shape))
       if self.num_actions:

@@ -7,7 +7,9 @@ again whenever the server goes away:
 * `ShmTransport` when the central node offers shared memory on this host (same kernel
   boot id): the request goes into the actor's segment, a byte on a Unix socket wakes
   the server (`seedacme.wire.shm`); at 8 actors x 1 env it cost the actor 102 us of
-  CPU per env step where Courier cost 388 (docs/benchmarks.md, "Shared memory").
+  CPU per env step where Courier cost 388 (docs/benchmarks.md, "Shared memory"). The
+  offer is asked for this process's pid (`shm_offer(os.getpid())`): its ticket
+  admits this process only, once.
 * `RpcTransport` otherwise: a Courier call (`client.futures.step`), or an actor's own
   inference (`seedacme.actor.actor_side`), which offers the same call.
 
@@ -15,6 +17,7 @@ again whenever the server goes away:
 comparison), 'shm' (shared memory or fail at attach). The actor's loop never knows.
 """
 
+import os
 import socket
 import threading
 import time
@@ -136,7 +139,11 @@ class ShmTransport:
     try:
       conn.settimeout(10.0)
       conn.connect(offer['address'])
-      conn.sendall(shm.Hello(first_env_id, num_envs, int(offer['generation'])).to_json())
+      try:
+        conn.sendall(shm.Hello(first_env_id, num_envs, int(offer['generation']),
+                               str(offer.get('ticket', ''))).to_json())
+      except BrokenPipeError:
+        pass  # refused on connecting: the reason waits to be read
       segment = shm.receive_segment(conn)
       conn.settimeout(None)
     except BaseException:
@@ -163,26 +170,36 @@ class ShmTransport:
 
   def step(self, env_ids, run_ids, observation, reward, discount, step_type,
            mode: Mode) -> Dict[str, Any] | None:
-    self.segment.write_request(env_ids, run_ids, observation, reward, discount, step_type,
-                               mode)
-    try:
-      self._sent_at = time.monotonic()
-      self._conn.sendall(shm.REQUEST)
-      woke = self._conn.recv(1)
-    except OSError as e:
-      if self._stop.is_set():
+    """The reply, or None once the stop event is set. A batch that failed on the
+    server is sent again after a pause, as `RpcTransport` does after a failed call."""
+    backoff = 0.1
+    while True:
+      self.segment.write_request(env_ids, run_ids, observation, reward, discount,
+                                 step_type, mode)
+      try:
+        self._sent_at = time.monotonic()
+        self._conn.sendall(shm.REQUEST)
+        woke = self._conn.recv(1)
+      except OSError as e:
+        if self._stop.is_set():
+          return None
+        raise ServerAway(f'{type(e).__name__}: {e}') from e
+      finally:
+        self._sent_at = None
+      if not woke:
+        if self._stop.is_set():
+          return None
+        raise ServerAway('the inference server closed the connection')
+      reply = self.segment.read_reply()
+      if 'refused' in reply:
+        raise protocol.RemoteRefusalError(reply['refused'])
+      if 'failed' not in reply:
+        return reply
+      logging.warning('%s: %s; retrying in %.1fs', self._who, reply['failed'][:300],
+                      backoff)
+      if self._stop.wait(backoff):
         return None
-      raise ServerAway(f'{type(e).__name__}: {e}') from e
-    finally:
-      self._sent_at = None
-    if not woke:
-      if self._stop.is_set():
-        return None
-      raise ServerAway('the inference server closed the connection')
-    reply = self.segment.read_reply()
-    if 'refused' in reply:
-      raise protocol.RemoteRefusalError(reply['refused'])
-    return reply
+      backoff = min(2 * backoff, 5.0)
 
   def close(self) -> None:
     self._closed = True
@@ -215,14 +232,15 @@ class InferencePath:
     return getattr(self.current, 'name', None)
 
   def _offer(self) -> Dict[str, Any] | None:
-    """The central node's shared-memory offer (None: it makes none, or it is not a
-    central node), asked over Courier and retried while the node is unreachable."""
+    """The central node's shared-memory offer for this process (None: it makes none,
+    or it is not a central node), asked over Courier and retried while the node is
+    unreachable."""
     offer_call = getattr(getattr(self._client, 'futures', None), 'shm_offer', None)
     if offer_call is None:  # an actor's own inference, or a stand-in without it
       return None
     backoff = 0.1
     while not self._stop.is_set():
-      future = offer_call()
+      future = offer_call(os.getpid())
       try:
         while True:
           try:

@@ -1,20 +1,33 @@
 """Serving same-host actors through shared memory (`seedacme.wire.shm`).
 
 The central node runs one `ShmServer` beside its Courier server when shared memory is
-on (`ProgramConfig.transport`). An actor on the same host attaches over a Unix socket
-and gets its own segment. From then on ONE serving thread waits (epoll) on every
-attached actor's socket, takes the requests of all actors that are ready together and
-hands them to the `InferenceServer` as one group (`serve_group`): validation, batching
-with whatever Courier requests are waiting, accounting and trajectories are the Courier
-path's. It writes each reply into its segment and wakes each actor. A bad request is
-refused to that actor only, by name, as on Courier; so is a request for envs the actor
-did not attach with.
+on (`ProgramConfig.transport`). An actor on the same host asks `shm_offer(pid)` over
+Courier, attaches over a Unix socket and gets its own segment. From then on ONE serving
+thread waits (epoll) on every attached actor's socket, copies the requests of all
+actors that are ready out of their segments and hands them to the `InferenceServer` as
+one group (`serve_group`): validation, batching with whatever Courier requests are
+waiting, accounting and trajectories are the Courier path's. It writes each reply into
+its segment and wakes each actor. A bad request is refused to that actor only, by name,
+as on Courier; so is a request for envs the actor did not attach with.
 
 Why one thread, not one per actor as Courier's handler threads: measured at 8 actors x
 1 env (`bench/acting.py --configs catch:8:1`, load ~2), a thread per actor spent the
 central node's CPU on waking threads and handing the GIL between them; one loop that
 collects whatever is ready serves the same batches without those hand-offs
 (docs/benchmarks.md, "Shared memory").
+
+Trust (DESIGN.md, "Trust boundaries"; how an attach is authenticated:
+`seedacme.wire.shm`): any local process can find the socket, so
+
+* attaching: a peer of another uid, or whose pid no offer was made for, is refused
+  on accept, before it is read; at most `MAX_HELLOS` hellos are read at once (the
+  kernel's backlog queues the rest), each within one deadline (`HELLO_DEADLINE_S`);
+  an `accept` that fails (EMFILE, ENFILE, ...) is logged and retried after a pause;
+* serving: requests are validated on private copies (`Segment.request`); an exception
+  in a batch fails that batch's actors with a named `failed` reply (they retry, as
+  after a failed Courier call; actions no env may take stop the run, as on Courier:
+  `InferenceServer.policy_error`), never the loop; wake-ups are sent without blocking:
+  an actor that stops reading them is detached, with the reason logged.
 
 Faults: a killed actor's socket reads end-of-file at once and its slot is freed (the
 kernel frees the memory when the actor's mapping is gone too); its restarted process
@@ -24,7 +37,9 @@ process, whose `generation` differs.
 """
 
 import collections
+import operator
 import os
+import secrets
 import selectors
 import socket
 import threading
@@ -40,7 +55,12 @@ from seedacme.wire.protocol import InvalidRequestError
 
 # How long an attach waits for an overlapping, just-died actor's slot to be freed.
 _OVERLAP_WAIT_S = 3.0
-_HELLO_TIMEOUT_S = 5.0
+HELLO_DEADLINE_S = 2.0  # connect to a complete hello (an actor sends it at once)
+MAX_HELLOS = 16  # hellos read at once
+OFFER_TTL_S = 120.0  # an unused ticket expires
+MAX_OFFERS_PER_PID = 8  # outstanding tickets per pid (the oldest goes first)
+MAX_OFFERS = 4096
+_ACCEPT_BACKOFF_S = (0.01, 1.0)
 
 
 class _Slot:
@@ -48,10 +68,78 @@ class _Slot:
 
   def __init__(self, conn: socket.socket, segment: shm.Segment, envs: range):
     self.conn, self.segment, self.envs = conn, segment, envs
+    self.detached = False
 
   @property
   def key(self) -> Tuple[int, int]:
     return (self.envs.start, len(self.envs))
+
+
+class _Throttled:
+  """A warning at most once per `interval_s`, with how many were held back."""
+
+  def __init__(self, interval_s: float = 5.0):
+    self._interval_s = interval_s
+    self._next = 0.0
+    self._held = 0
+
+  def warning(self, fmt: str, *args) -> None:
+    now = time.monotonic()
+    if now < self._next:
+      self._held += 1
+      return
+    held, self._held, self._next = self._held, 0, now + self._interval_s
+    logging.warning(fmt + (f' ({held} more like it not logged)' if held else ''), *args)
+
+
+class _Offers:
+  """Attach tickets handed out over Courier, each bound to the pid that asked for it;
+  one use, expiring. Not thread-safe: the server's lock guards it."""
+
+  def __init__(self):
+    self._tickets: Dict[str, Tuple[int, float]] = {}  # ticket -> (pid, expires)
+    self._by_pid: Dict[int, collections.deque] = {}
+    self.in_hello: Dict[int, int] = collections.Counter()  # pid -> hellos being read
+
+  def _drop(self, ticket: str) -> None:
+    pid, _ = self._tickets.pop(ticket)
+    queue = self._by_pid[pid]
+    queue.remove(ticket)
+    if not queue:
+      del self._by_pid[pid]
+
+  def _expire(self) -> None:
+    now = time.monotonic()
+    for ticket in [t for t, (_, expires) in self._tickets.items() if expires <= now]:
+      self._drop(ticket)
+
+  def issue(self, pid: int) -> str:
+    self._expire()
+    queue = self._by_pid.setdefault(pid, collections.deque())
+    if len(queue) >= MAX_OFFERS_PER_PID:
+      self._drop(queue[0])
+    if len(self._tickets) >= MAX_OFFERS:
+      self._drop(min(self._tickets, key=lambda t: self._tickets[t][1]))
+    ticket = secrets.token_hex(16)
+    self._tickets[ticket] = (pid, time.monotonic() + OFFER_TTL_S)
+    self._by_pid.setdefault(pid, queue).append(ticket)
+    return ticket
+
+  def admits(self, pid: int) -> bool:
+    """Whether `pid` holds a ticket not yet claimed by a hello being read."""
+    self._expire()
+    return len(self._by_pid.get(pid, ())) > self.in_hello[pid]
+
+  def redeem(self, pid: int, ticket: str) -> bool:
+    """Uses up `ticket` if it was made for `pid`; else one of `pid`'s tickets (a
+    connection costs a ticket either way)."""
+    entry = self._tickets.get(ticket)
+    if entry is not None and entry[0] == pid and entry[1] > time.monotonic():
+      self._drop(ticket)
+      return True
+    if self._by_pid.get(pid):
+      self._drop(self._by_pid[pid][0])
+    return False
 
 
 class ShmServer:
@@ -64,12 +152,19 @@ class ShmServer:
     self._num_envs = num_envs
     self._max_request_envs = max_request_envs
     self.generation = int.from_bytes(os.urandom(8), 'little') >> 1
-    self.address = shm.new_address(self.generation)
+    self.address = shm.new_address()
     self._boot_id = shm.boot_id()
+    self._uid = os.geteuid()
     self._lock = threading.Condition()
     self._attached: Dict[Tuple[int, int], _Slot | None] = {}  # None: being attached
     self._new_slots: collections.deque = collections.deque()
+    self._offers = _Offers()
+    self._hellos = 0  # hellos being read (attach threads)
     self._closed = False
+    self._refusals = _Throttled()
+    self._accept_errors = _Throttled()
+    self._batch_errors = _Throttled()
+    self.failed_batches = 0
     self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     self._selector = selectors.DefaultSelector()
     self._selector.register(self._wake, selectors.EVENT_READ, None)
@@ -83,47 +178,130 @@ class ShmServer:
     self._accept_thread.start()
     self._serve_thread.start()
 
-  def offer(self) -> Dict[str, object]:
-    """What an actor needs to attach (sent over Courier, the control plane)."""
+  def offer(self, pid: int | None = None) -> Dict[str, object]:
+    """What the actor process `pid` needs to attach (sent over Courier, the control
+    plane), with a one-use ticket bound to `pid`; None: this process (an in-process
+    actor, a test)."""
+    pid = os.getpid() if pid is None else operator.index(pid)
+    if pid <= 0:
+      raise ValueError(f'shm_offer: pid must be a positive int, got {pid}')
+    with self._lock:
+      ticket = self._offers.issue(pid)
     return {'boot_id': self._boot_id, 'address': self.address,
-            'generation': self.generation}
+            'generation': self.generation, 'pid': pid, 'ticket': ticket}
 
   @property
   def attached_actors(self) -> int:
     with self._lock:
       return sum(slot is not None for slot in self._attached.values())
 
-  # ---- attaching (a short-lived thread per connecting actor) -------------------------
+  # ---- attaching (an accept loop; a short-lived thread per admitted hello) -----------
   def _accept_loop(self) -> None:
-    while not self._closed:
+    backoff = _ACCEPT_BACKOFF_S[0]
+    while True:
+      with self._lock:  # at most MAX_HELLOS at once; the backlog holds the rest
+        while not self._closed and self._hellos >= MAX_HELLOS:
+          self._lock.wait(1.0)
+        if self._closed:
+          return
       try:
         conn, _ = self._listener.accept()
-      except OSError:
-        return  # closed
-      threading.Thread(target=self._attach, args=(conn,), daemon=True,
-                       name='shm-attach').start()
+      except OSError as e:
+        if self._closed:
+          return
+        # EMFILE/ENFILE (no descriptor for the connection), ENOBUFS, ...: the
+        # connection waits in the backlog; so does this loop, then it tries again.
+        self._accept_errors.warning('shm: accept failed (%s); retrying in %.2fs', e,
+                                    backoff)
+        with self._lock:
+          self._lock.wait_for(lambda: self._closed, backoff)
+        backoff = min(2 * backoff, _ACCEPT_BACKOFF_S[1])
+        continue
+      backoff = _ACCEPT_BACKOFF_S[0]
+      pid = self._admit(conn)
+      if pid is None:
+        continue
+      try:
+        threading.Thread(target=self._attach, args=(conn, pid), daemon=True,
+                         name='shm-attach').start()
+      except RuntimeError as e:  # no thread to be had
+        self._refuse(conn, f'the server cannot attach now ({e})')
+        self._hello_done(pid)
+
+  def _refuse(self, conn: socket.socket, why: str) -> None:
+    try:
+      shm.send_error(conn, why, block=False)
+    except OSError:
+      pass
+    conn.close()
+
+  def _admit(self, conn: socket.socket) -> int | None:
+    """The peer's pid when its credentials admit it to say hello (counted as a hello
+    being read); None after refusing it."""
+    try:
+      pid, uid, _ = shm.peer_credentials(conn)
+    except OSError as e:
+      self._refuse(conn, f'no peer credentials ({e})')
+      return None
+    with self._lock:
+      if uid != self._uid:
+        why = f'uid {uid} may not attach: this server runs as uid {self._uid}'
+      elif not self._offers.admits(pid):
+        why = (f'no shared-memory offer is outstanding for pid {pid}: ask shm_offer '
+               'over Courier with this process\'s pid (os.getpid()); it is good for '
+               'one attach')
+      else:
+        self._hellos += 1
+        self._offers.in_hello[pid] += 1
+        return pid
+    self._refusals.warning('shm: refused an attach from pid %d uid %d: %s', pid, uid,
+                           why)
+    self._refuse(conn, why)
+    return None
+
+  def _hello_done(self, pid: int, burn: bool = False) -> None:
+    """A hello was read (or not); `burn`: it redeemed no ticket, so one of `pid`'s
+    goes (a connection costs a ticket either way)."""
+    with self._lock:
+      if burn:
+        self._offers.redeem(pid, '')
+      self._hellos -= 1
+      self._offers.in_hello[pid] -= 1
+      if not self._offers.in_hello[pid]:
+        del self._offers.in_hello[pid]
+      self._lock.notify_all()
 
   def _read_hello(self, conn: socket.socket) -> shm.Hello:
-    conn.settimeout(_HELLO_TIMEOUT_S)
+    """The actor's hello, complete within one deadline from now (not per read)."""
+    deadline = time.monotonic() + HELLO_DEADLINE_S
     data = b''
     while not data.endswith(b'\n'):
+      left = deadline - time.monotonic()
+      if left <= 0:
+        raise TimeoutError(f'no complete attach message within {HELLO_DEADLINE_S}s')
+      conn.settimeout(left)
       chunk = conn.recv(shm.MAX_HELLO_BYTES)
       if not chunk:
         raise ConnectionResetError('the actor left while attaching')
       data += chunk
       if len(data) > shm.MAX_HELLO_BYTES:
         raise InvalidRequestError('attach message too long')
-    conn.settimeout(None)
     try:
       return shm.Hello.from_json(data)
     except (ValueError, KeyError, TypeError) as e:
       raise InvalidRequestError(f'attach message unreadable: {e}') from None
 
-  def _check(self, hello: shm.Hello) -> None:
+  def _check(self, hello: shm.Hello, pid: int) -> None:
+    with self._lock:
+      redeemed = self._offers.redeem(pid, hello.ticket)  # used up, whatever follows
     if hello.generation != self.generation:
       raise InvalidRequestError(
           f'stale generation {hello.generation}: this central process is generation '
           f'{self.generation} (ask shm_offer again)')
+    if not redeemed:
+      raise InvalidRequestError(
+          f'attach ticket not valid for pid {pid}: unknown, used, expired or made for '
+          'another process (ask shm_offer again, with this process\'s pid)')
     if hello.num_envs < 1 or hello.num_envs > self._max_request_envs:
       raise InvalidRequestError(f'num_envs {hello.num_envs} outside 1..'
                                 f'{self._max_request_envs}')
@@ -148,36 +326,50 @@ class ShmServer:
             f'attached by another live actor')
       self._attached[key] = None
 
-  def _attach(self, conn: socket.socket) -> None:
-    key = None
+  def _attach(self, conn: socket.socket, pid: int) -> None:
+    key = segment = None
     try:
-      hello = self._read_hello(conn)
-      self._check(hello)
+      hello = None
+      try:
+        hello = self._read_hello(conn)
+      finally:
+        self._hello_done(pid, burn=hello is None)  # the claim below is bounded
+      self._check(hello, pid)
       key = (hello.first_env_id, hello.num_envs)
       self._claim(key)
       segment = shm.Segment.create(self._spec, hello.num_envs, self.generation)
       try:
+        conn.settimeout(HELLO_DEADLINE_S)
         shm.send_segment(conn, segment)
       finally:
         segment.release_descriptor()
+      conn.setblocking(False)  # the serving loop never waits on one actor
       envs = range(hello.first_env_id, hello.first_env_id + hello.num_envs)
       with self._lock:
         if self._closed:
-          segment.close()
           raise ConnectionAbortedError('the server closed')
         self._attached[key] = slot = _Slot(conn, segment, envs)
         self._new_slots.append(slot)
       os.eventfd_write(self._wake, 1)
-      logging.info('shm: actor with envs %d..%d attached', envs[0], envs[-1])
+      logging.info('shm: actor pid %d with envs %d..%d attached', pid, envs[0], envs[-1])
       return
     except InvalidRequestError as e:
+      self._refusals.warning('shm: refused an attach from pid %d: %s', pid, e)
       try:
         shm.send_error(conn, str(e))
       except OSError:
         pass
     except OSError as e:
       if not self._closed:
-        logging.info('shm: an attach ended early (%s)', e)
+        logging.info('shm: an attach from pid %d ended early (%s)', pid, e)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception('shm: an attach from pid %d failed', pid)
+      try:
+        shm.send_error(conn, f'the server failed to attach: {type(e).__name__}: {e}')
+      except OSError:
+        pass
+    if segment is not None:
+      segment.close()
     with self._lock:  # not attached: release the reservation
       if key is not None and self._attached.get(key) is None:
         self._attached.pop(key, None)
@@ -185,7 +377,10 @@ class ShmServer:
     conn.close()
 
   # ---- serving (one thread for every attached actor) ---------------------------------
-  def _detach(self, slot: _Slot, why: str) -> None:
+  def _detach(self, slot: _Slot, why: str, warn: bool = False) -> None:
+    if slot.detached:
+      return
+    slot.detached = True
     try:
       self._selector.unregister(slot.conn)
     except (KeyError, ValueError):
@@ -196,8 +391,9 @@ class ShmServer:
       self._lock.notify_all()
     slot.conn.close()
     slot.segment.close()
-    logging.info('shm: actor with envs %d..%d detached (%s); its slot is free',
-                 slot.envs[0], slot.envs[-1], why)
+    (logging.warning if warn else logging.info)(
+        'shm: actor with envs %d..%d detached (%s); its slot is free', slot.envs[0],
+        slot.envs[-1], why)
 
   def _ready(self, timeout: float) -> List[_Slot]:
     """The slots whose actor sent a request within `timeout` (detaches the ones whose
@@ -216,6 +412,8 @@ class ShmServer:
         continue
       try:
         woke = slot.conn.recv(16)
+      except BlockingIOError:
+        continue
       except OSError as e:
         self._detach(slot, f'{type(e).__name__}: {e}')
         continue
@@ -228,22 +426,32 @@ class ShmServer:
   def _serve_loop(self) -> None:
     try:
       while not self._closed:
-        ready = self._ready(1.0)
-        if not ready:
-          continue
-        # Wait for the batch to fill as the batcher would (`inference_batch_envs`,
-        # the batch timeout): more actors may be a few microseconds behind.
-        envs, timeout_s = self._server.batch_wait
-        deadline = time.monotonic() + timeout_s
-        units = sum(s.segment.size for s in ready)
-        while units < envs and not self._closed:
-          left = deadline - time.monotonic()
-          if left <= 0:
-            break
-          more = self._ready(left)
-          ready += more
-          units += sum(s.segment.size for s in more)
-        self._serve(ready)
+        ready: List[_Slot] = []
+        try:
+          ready = self._ready(1.0)
+          if not ready:
+            continue
+          # Wait for the batch to fill as the batcher would (`inference_batch_envs`,
+          # the batch timeout): more actors may be a few microseconds behind.
+          envs, timeout_s = self._server.batch_wait
+          deadline = time.monotonic() + timeout_s
+          units = sum(s.segment.size for s in ready)
+          while units < envs and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+              break
+            more = self._ready(left)
+            ready += more
+            units += sum(s.segment.size for s in more)
+          self._serve(ready)
+        except Exception as e:  # pylint: disable=broad-except
+          # Not the batch (`_serve` answers for it): the loop's own machinery. Its
+          # actors would wait for ever: detach them (they attach again).
+          logging.exception('shm: the serving loop failed; detaching %d waiting actors '
+                            'and serving on', len(ready))
+          for slot in ready:
+            self._detach(slot, f'serving failed: {type(e).__name__}: {e}', warn=True)
+          time.sleep(0.01)  # no busy loop should it fail again at once
     finally:
       with self._lock:
         slots = [s for s in self._attached.values() if s is not None]
@@ -252,17 +460,47 @@ class ShmServer:
       self._selector.close()
 
   def _serve(self, ready: List[_Slot]) -> None:
-    results = self._server.serve_group([s.segment.request() for s in ready],
-                                       [s.envs for s in ready])
+    # An actor that left while the batch filled is gone; one that woke the server
+    # twice is served once.
+    ready = [s for s in dict.fromkeys(ready) if not s.detached]
+    if not ready:
+      return
+    try:
+      results = self._server.serve_group([s.segment.request() for s in ready],
+                                         [s.envs for s in ready])
+    except Exception as e:  # pylint: disable=broad-except
+      # The batch failed (the policy, the trajectory sink, ...): its actors get a
+      # named failure and retry, as Courier callers do after a failed call.
+      self.failed_batches += 1
+      failure = (f'the inference batch failed on the server: {type(e).__name__}: '
+                 f'{str(e)[:1000]}')
+      self._batch_errors.warning('shm: %s (%d actors told; serving on)', failure,
+                                 len(ready))
+      results = [_Failure(failure)] * len(ready)
     for slot, result in zip(ready, results):
       if isinstance(result, InvalidRequestError):
         slot.segment.write_reply(None, error=str(result))
+      elif isinstance(result, _Failure):
+        slot.segment.write_reply(None, failed=result.message)
+      elif isinstance(result, BaseException):
+        slot.segment.write_reply(None, failed=f'{type(result).__name__}: {result}')
       else:
         slot.segment.write_reply(result)
-      try:
-        slot.conn.sendall(shm.REPLY)
-      except OSError as e:
-        self._detach(slot, f'{type(e).__name__}: {e}')
+      self._wake_actor(slot)
+
+  def _wake_actor(self, slot: _Slot) -> None:
+    """Sends the reply's wake-up without blocking: a well-behaved actor reads each
+    before it sends its next request, so a full socket means it stopped reading."""
+    try:
+      sent = slot.conn.send(shm.REPLY)
+    except BlockingIOError:
+      sent = 0
+    except OSError as e:
+      self._detach(slot, f'{type(e).__name__}: {e}')
+      return
+    if not sent:
+      self._detach(slot, 'its actor stopped reading its wake-ups (its socket is full)',
+                   warn=True)
 
   def close(self, timeout_s: float = 5.0) -> None:
     """Stops attaching and serving: every actor reads end-of-file and re-attaches
@@ -271,6 +509,7 @@ class ShmServer:
       if self._closed:
         return
       self._closed = True
+      self._lock.notify_all()
     try:
       self._listener.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -281,3 +520,10 @@ class ShmServer:
     self._accept_thread.join(timeout_s)
     if not self._serve_thread.is_alive():
       os.close(self._wake)
+
+
+class _Failure:
+  """A batch's failure, as its actors are told."""
+
+  def __init__(self, message: str):
+    self.message = message

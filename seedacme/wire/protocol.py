@@ -7,7 +7,9 @@ as three arrays (and a flag):
                                  row 1: run ids, chosen when the actor (re)started; a
                                         change resets that env's state on the server
     transition   float32 [3, K]  row 0: reward that arrived with this observation (0 on
-                                        FIRST); row 1: discount in [0, 1]; row 2: step
+                                        FIRST), |reward| <= the env spec's
+                                        `max_abs_reward` (1e6 unless it says otherwise);
+                                        row 1: discount in [0, 1]; row 2: step
                                         type, dm_env.StepType 0 FIRST, 1 MID, 2 LAST
     observation  [K, *obs_shape] exactly the env's observation dtype (uint8 stays uint8)
     mode         str             optional, a `Mode` value: 'train' (default) or 'eval'
@@ -24,6 +26,11 @@ stops (the actor waits and sends the same request again). `validate_request` tur
 anything else into an `InvalidRequestError` whose message names the field (the logical
 one: `env_ids`, `reward`, ...) and what was wrong; the server sends it back to that
 caller only.
+
+What is validated must be what is served: `validate_request` returns views of the
+arrays it was given, so a caller passes arrays nobody else can write while the request
+is served. Courier's are (deserialized for this call); the shared-memory server copies
+each request out of its actor's segment first (`seedacme.wire.shm.Segment.request`).
 """
 
 import math
@@ -133,7 +140,8 @@ def _array(request: Mapping[str, Any], name: str, kinds: str, what: str) -> np.n
 
 def validate_request(request: Any, spec: EnvSpec, num_envs: int,
                      max_request_envs: int) -> Request:
-  """Checks a raw request against the env spec; returns it in canonical form.
+  """Checks a raw request against the env spec; returns it in canonical form (views
+  of the request's arrays where no conversion was needed: pass private arrays).
 
   Raises:
     InvalidRequestError: naming the first field that is wrong.
@@ -198,6 +206,17 @@ def validate_request(request: Any, spec: EnvSpec, num_envs: int,
       if bad.size:
         raise InvalidRequestError(f'{name} contains NaN or inf at positions {bad.tolist()}')
   reward, discount = transition[0], transition[1]
+  # One dot product (~3.5 us with its float64 cast, which cannot overflow; a max and a
+  # min cost ~9): no |r| passes the bound while the sum of squares stays within its
+  # square; only past it is each reward looked at.
+  bound = spec.max_abs_reward
+  r64 = reward.astype(np.float64)
+  if not float(r64 @ r64) <= bound * bound and \
+      not (reward.max() <= bound and reward.min() >= -bound):
+    bad = np.flatnonzero(np.abs(reward) > bound)
+    raise InvalidRequestError(
+        f'reward {reward[bad].tolist()} at positions {bad.tolist()} exceeds the env\'s '
+        f'bound |reward| <= {bound:g} (EnvSpec.max_abs_reward)')
   if not (discount.min() >= 0 and discount.max() <= 1):
     raise InvalidRequestError(f'discount must lie in [0, 1], got {discount.tolist()}')
   step_type = transition[2].astype(np.int8)

@@ -66,6 +66,7 @@ BAD_REQUESTS = {
     'wrong dtype': lambda: {**_good([8, 9]), 'observation': np.zeros((2, 3, 2), np.uint8)},
     'NaN': lambda: {**_good([8, 9]), 'observation': np.full((2, 3, 2), np.nan, np.float32)},
     'inf reward': lambda: _with(_good([8, 9]), 0, [0.0, np.inf]),
+    'huge reward': lambda: _with(_good([8, 9]), 0, [0.0, 3e38]),
     'unknown env id': lambda: _good([8, 99]),
     'duplicated env ids': lambda: _good([8, 8]),
     'wrong batch length': lambda: {**_good([8, 9]), 'transition': np.zeros((3, 3), np.float32)},
@@ -77,6 +78,7 @@ BAD_REQUESTS = {
 EXPECTED = {
     'wrong shape': 'observation has shape (2, 2, 3)', 'wrong dtype': 'dtype uint8',
     'NaN': 'NaN or inf', 'inf reward': 'reward contains NaN or inf',
+    'huge reward': "exceeds the env's bound |reward| <= 1e+06",
     'unknown env id': 'env_ids [99] are unknown', 'duplicated env ids': 'duplicated',
     'wrong batch length': 'transition must have shape (3, 2)', 'huge payload': 'at most 8',
     'not a dict': 'request must be a dict',

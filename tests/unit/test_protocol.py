@@ -1,5 +1,7 @@
 """Request validation: every malformed request gets an error that names the problem."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,19 @@ def test_any_bad_request_unmerges_the_group(bad):
   requests = [_actor_request([0, 1]), bad()]
   assert merge_requests(requests, SPEC, num_envs=8, max_request_envs=6,
                         owned=[range(0, 2), range(2, 4)]) is None
+
+
+def test_rewards_past_the_env_specs_bound_are_refused_by_name():
+  _check(_good(reward=np.array([0, 2e6, 0, -4e6])),
+         r"reward \[2000000.0, -4000000.0\] at positions \[1, 3\] exceeds the env's bound "
+         r"\|reward\| <= 1e\+06 \(EnvSpec.max_abs_reward\)")
+  _check(_good(reward=np.array([0, 0, 3e38, 0])), r'positions \[2\] exceeds')  # finite, huge
+  validate_request(_good(reward=np.array([1e6, -1e6, 0, 0])), SPEC, 8, 6)  # the bound passes
+  ten = EnvSpec((3, 2), 'float32', 3, max_abs_reward=10.0)
+  with pytest.raises(InvalidRequestError, match=r'\[11.0\] at positions \[2\] .* <= 10 '):
+    validate_request(_good(reward=np.array([0, 0, 11, -10])), ten, 8, 6)
+  unbounded = EnvSpec((3, 2), 'float32', 3, max_abs_reward=math.inf)  # finite is enough
+  validate_request(_good(reward=np.array([0, 0, 3e38, 0])), unbounded, 8, 6)
+  for bad in (0.0, -1.0, math.nan):
+    with pytest.raises(ValueError, match='max_abs_reward must be > 0'):
+      EnvSpec((3, 2), 'float32', 3, max_abs_reward=bad)

@@ -6,6 +6,7 @@ Courier client that answers `shm_offer` and `step` in-process. The kill tests us
 processes and SIGKILL.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -56,8 +57,8 @@ class _Client:
     self.rpc_steps += 1
     return self._done(self.server.step(request))
 
-  def shm_offer(self):
-    return self._done(self.shm_server.offer() if self.shm_server else None)
+  def shm_offer(self, pid=None):
+    return self._done(self.shm_server.offer(pid) if self.shm_server else None)
 
 
 @pytest.fixture(name='serving')
@@ -151,18 +152,22 @@ def test_bad_data_in_a_slot_is_refused_by_name_to_that_actor_only(serving):
 @pytest.mark.timeout(60)
 def test_attach_refusals_name_the_problem(serving):
   server, shm_server, _ = serving
-  offer = shm_server.offer()
   stop = threading.Event()
+  offer = shm_server.offer()
   stale = dict(offer, generation=offer['generation'] + 1)
   with pytest.raises(ConnectionRefusedError, match='stale generation'):
     ShmTransport.attach(stale, 0, 4, stop, 'actor')
   with pytest.raises(ConnectionRefusedError, match=r'env ids 6\.\.9 are unknown'):
-    ShmTransport.attach(offer, 6, 4, stop, 'actor')
+    ShmTransport.attach(shm_server.offer(), 6, 4, stop, 'actor')
+  offer = shm_server.offer()
   first = ShmTransport.attach(offer, 0, 4, stop, 'actor')
   try:
+    with pytest.raises(ConnectionRefusedError, match='no shared-memory offer is '
+                       'outstanding for pid'):  # a ticket is good for one attach
+      ShmTransport.attach(offer, 4, 2, stop, 'actor')
     started = time.monotonic()
     with pytest.raises(ConnectionRefusedError, match='attached by another live actor'):
-      ShmTransport.attach(offer, 2, 2, stop, 'actor')
+      ShmTransport.attach(shm_server.offer(), 2, 2, stop, 'actor')
     assert time.monotonic() - started < 10  # waited its grace, then refused
   finally:
     first.close()
@@ -170,11 +175,10 @@ def test_attach_refusals_name_the_problem(serving):
 
 
 _ACTOR = '''
-import sys, threading, numpy as np
+import json, sys, threading, numpy as np
 from seedacme.actor.transport import ShmTransport
 from seedacme.types import Mode
-offer = {'address': sys.argv[1].encode('latin-1').decode('unicode_escape'),
-         'generation': int(sys.argv[2])}
+offer = json.loads(sys.stdin.readline())  # made for this process's pid
 t = ShmTransport.attach(offer, 0, 2, threading.Event(), 'doomed actor')
 t.step(np.array([0, 1]), np.full(2, 9), np.zeros((2, 3), np.float32), np.zeros(2),
        np.ones(2), np.zeros(2), Mode.TRAIN)
@@ -186,11 +190,11 @@ threading.Event().wait()
 @pytest.mark.timeout(60)
 def test_a_killed_actor_leaves_no_stuck_slot_and_its_replacement_attaches(serving, wait_until):
   server, shm_server, _ = serving
-  offer = shm_server.offer()
-  address = offer['address'].encode('unicode_escape').decode('latin-1')
-  proc = subprocess.Popen([sys.executable, '-c', _ACTOR, address, str(offer['generation'])],
+  proc = subprocess.Popen([sys.executable, '-c', _ACTOR], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, text=True)
   try:
+    proc.stdin.write(json.dumps(shm_server.offer(proc.pid)) + '\n')
+    proc.stdin.flush()
     assert proc.stdout.readline().strip() == 'served'
     assert shm_server.attached_actors == 1
     os.kill(proc.pid, signal.SIGKILL)
@@ -274,7 +278,7 @@ def test_a_stop_wakes_an_actor_waiting_on_a_silent_server():
   stop event still ends the wait at once."""
   import socket  # pylint: disable=g-import-not-at-top
   listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-  address = shm.new_address(12345)
+  address = shm.new_address()
   listener.bind(address)
   listener.listen(1)
   segments = []
