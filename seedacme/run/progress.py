@@ -24,14 +24,15 @@ def _finite(value: Any) -> Any:
 
 
 class ProgressWriter:
-  """Appends progress records; mirrors numeric fields to TensorBoard."""
+  """Appends progress records; mirrors numeric fields to TensorBoard (`tensorboard`)."""
 
-  def __init__(self, logdir: str):
+  def __init__(self, logdir: str, tensorboard: bool = True):
     self._fs = logdir_lib.filesystem(logdir)
     self._fs.makedirs(logdir)
     self._logdir = logdir
     self._path = os.path.join(logdir, logdir_lib.PROGRESS)
     self._summary_writer = None
+    self._tensorboard = tensorboard
     # Remote: the segment this writer fills (number, lines); None until the first line.
     self._segment: tuple[int, List[str]] | None = None
 
@@ -69,6 +70,9 @@ class ProgressWriter:
   def write(self, record: Dict[str, Any]) -> None:
     record = {k: _finite(v) for k, v in record.items()}
     self._append(json.dumps(record))
+    logging.info('progress: %s', format_line(record))
+    if not self._tensorboard:
+      return
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     step = int(record.get('env_steps', 0))
     with self._tb().as_default():
@@ -76,7 +80,6 @@ class ProgressWriter:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
           tf.summary.scalar(key, value, step=step)
     self._tb().flush()
-    logging.info('progress: %s', format_line(record))
 
   def log_event(self, message: str) -> None:
     """A one-off event in the progress file (shown by the launcher)."""

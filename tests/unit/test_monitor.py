@@ -1,5 +1,6 @@
 """The run monitor: typed stop reasons, budgets and targets, and the summary it writes."""
 
+import json
 import os
 import time
 
@@ -134,3 +135,34 @@ def test_one_definition_of_the_learner_budget(tmp_path):
       monitor.learner_budget(5)
   unlimited, _ = _monitor(tmp_path)
   assert unlimited.learner_budget(10**9) is None
+
+
+def test_the_time_budget_counts_over_every_start_of_the_run(tmp_path):
+  """`max_seconds` restarted with every central process (a restarted or resumed node
+  started its clock at 0); the run's clock in the logdir now carries it on."""
+  first, _ = _monitor(tmp_path, max_seconds=0.5)
+  first.restart_clock(0)
+  time.sleep(0.35)
+  assert first.report(0, {}) is None
+  clock = json.load(open(os.path.join(str(tmp_path), 'run_clock.json')))
+  assert clock['elapsed_s'] >= 0.35 and clock['starts'] == 1
+
+  resumed, _ = _monitor(tmp_path, max_seconds=0.5)  # the restarted central process
+  resumed.restart_clock(0, resumed=True)
+  time.sleep(0.2)
+  stop = resumed.report(0, {})
+  assert stop is not None and stop.kind is StopKind.TIME and stop.value >= 0.55
+  assert resumed.last_record['elapsed_s'] < 0.5 <= resumed.last_record['run_elapsed_s']
+  assert json.load(open(os.path.join(str(tmp_path), 'run_clock.json')))['starts'] == 2
+
+  fresh, _ = _monitor(tmp_path, max_seconds=0.5)  # not a resume: a new run's clock
+  fresh.restart_clock(0)
+  time.sleep(0.2)
+  assert fresh.report(0, {}) is None
+
+
+def test_a_named_budget_replaces_the_default_time_budget_in_the_config(tmp_path):
+  monitor, _ = _monitor(tmp_path, max_seconds=None, max_env_steps=1000)
+  assert monitor.stop_reason({'env_steps': 10, 'elapsed_s': 1e4}, 0) is None
+  monitor, _ = _monitor(tmp_path, max_seconds=None)  # no budget: the default applies
+  assert monitor.stop_reason({'env_steps': 10, 'elapsed_s': 121.0}, 0).kind is StopKind.TIME
