@@ -239,6 +239,7 @@ class RunMonitor:
         'latency_p99_ms': batch.p99,
         'actor_restarts': serving.actor_restarts,
         'requests_refused': serving.requests_refused,
+        **acting.env_fault_counts(),  # envs that raised or hung (actors' reports)
     }
     record.update({f'trajectory_{k}': v for k, v in serving.trajectory_stats().items()})
     record.update({f'learner_{k}': v for k, v in learner_metrics.items()})

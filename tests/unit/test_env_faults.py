@@ -196,3 +196,19 @@ def test_an_unsupervised_actor_raises_the_env_fault():
   with pytest.raises(RuntimeError, match=r'env Broken .*ids \[0\].*OSError: no display'):
     actor.run()
   assert [f['env_ids'] for r in client.reports for f in r['env_faults']] == [[0]]
+
+
+def test_the_summary_counts_env_faults(tmp_path):
+  from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+  from seedacme.run.logdir import read_summary  # pylint: disable=g-import-not-at-top
+  from seedacme.run.monitor import RunMonitor, StopKind, StopReason  # pylint: disable=g-import-not-at-top
+  acting = ActingLog()
+  intake = ReportIntake(acting, 2)
+  monitor = RunMonitor(ProgramConfig(num_actors=1, envs_per_actor=2, logdir=str(tmp_path),
+                                     max_seconds=None), acting, intake)
+  for kind in ('raised', 'hung', 'hung'):
+    intake.report(reports.fault_report(0, [reports.env_fault(
+        kind, 'actor 0', 'Catch', [1], 'E', 'm', 1)]))
+  monitor.summarize(0, {}, StopReason(StopKind.STOP_REQUESTED), None)
+  summary = read_summary(str(tmp_path))
+  assert (summary['env_faults_raised'], summary['env_faults_hung']) == (1, 2)
