@@ -112,6 +112,8 @@ class InferenceServer:
     """Serves the requests of several actors that are ready together (the
     shared-memory server's: one batcher entry, no thread per actor, and no waiting
     for more: its caller already waited for the batch to fill, `batch_wait`).
+    Each request, a lone one included, is served from the arrays it holds: they must
+    be private (`shm.Segment.request` copies them out of the actor's segment).
     Returns, per request, its reply or the `InvalidRequestError` refusing it."""
     if len(requests) > 1:
       merged = protocol.merge_requests(requests, self._spec, self._num_envs,
