@@ -299,6 +299,7 @@ def test_a_request_rewritten_after_validation_is_served_as_validated(serving, pr
   rewriter.send(_offer_for(shm_server, rewriter.pid))
   assert struck.wait(20) and answers == ['rewritten'], answers
   reply = rewriter.line()
+  assert reply.startswith('{'), reply  # answered, not detached nor left waiting
   assert json.loads(reply) == {'action': [2, 2]}, reply  # served what was validated
   (env_ids, observation), = policy.seen
   np.testing.assert_array_equal(env_ids, [0, 1])
