@@ -123,6 +123,8 @@ class InferenceServer:
           reply = self._batcher([merged], merged.size, eager=True)[0]
         except ShutdownError as e:
           return [{'shutting_down': str(e)}] * len(requests)
+        if isinstance(reply, dict) and 'shutting_down' in reply:
+          return [reply] * len(requests)  # e.g. the policy's actions were refused
         if not isinstance(reply, BaseException):
           out, at = [], 0
           for r in requests:
