@@ -97,7 +97,8 @@ class _Offers:
   one use, expiring. Not thread-safe: the server's lock guards it."""
 
   def __init__(self):
-    self._tickets: Dict[str, Tuple[int, float]] = {}  # ticket -> (pid, expires)
+    # ticket -> (pid, expires), oldest first (every ticket lives OFFER_TTL_S)
+    self._tickets: Dict[str, Tuple[int, float]] = {}
     self._by_pid: Dict[int, collections.deque] = {}
     self.in_hello: Dict[int, int] = collections.Counter()  # pid -> hellos being read
 
@@ -110,7 +111,10 @@ class _Offers:
 
   def _expire(self) -> None:
     now = time.monotonic()
-    for ticket in [t for t, (_, expires) in self._tickets.items() if expires <= now]:
+    while self._tickets:
+      ticket, (_, expires) = next(iter(self._tickets.items()))
+      if expires > now:
+        return
       self._drop(ticket)
 
   def issue(self, pid: int) -> str:
@@ -119,7 +123,7 @@ class _Offers:
     if len(queue) >= MAX_OFFERS_PER_PID:
       self._drop(queue[0])
     if len(self._tickets) >= MAX_OFFERS:
-      self._drop(min(self._tickets, key=lambda t: self._tickets[t][1]))
+      self._drop(next(iter(self._tickets)))
     ticket = secrets.token_hex(16)
     self._tickets[ticket] = (pid, time.monotonic() + OFFER_TTL_S)
     self._by_pid.setdefault(pid, queue).append(ticket)
