@@ -368,19 +368,19 @@ def test_actions_no_env_may_take_in_a_merged_batch_reach_every_caller():
   server = InferenceServer(policy, SPEC, NUM_ENVS, None, max_batch_envs=8,
                            batch_timeout_s=1.0)  # the loop waits for both
   shm_server = ShmServer(server, SPEC, NUM_ENVS)
-  paths = [InferencePath(_Client(server, shm_server), first, 4, threading.Event(), 'shm')
-           for first in (0, 4)]
+  paths = {first: InferencePath(_Client(server, shm_server), first, 4, threading.Event(),
+                                 'shm') for first in (0, 4)}
   try:
     policy.fail = InvalidActionError('action 7 outside [0, 5)')
     with futures.ThreadPoolExecutor(2) as pool:
       replies = list(pool.map(
-          lambda p: _step_bounded(p, list(range(p._first_env_id, p._first_env_id + 4)),  # pylint: disable=protected-access
-                                  1.0, 10, FIRST), paths))
+          lambda first: _step_bounded(paths[first], list(range(first, first + 4)), 1.0, 10,
+                                      FIRST), paths))
     assert len(policy.seen) == 1 and len(policy.seen[0][0]) == 8  # one merged batch
     for reply in replies:
       assert reply is not None and 'action 7 outside' in reply['shutting_down'], reply
   finally:
-    for p in paths:
+    for p in paths.values():
       p.close()
     shm_server.close()
     server.close()
