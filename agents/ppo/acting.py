@@ -3,8 +3,9 @@
 Runs inside the inference server's compiled batch step (`seedacme.serving.tf_policy`).
 Besides the env action it returns what the learner needs from the behaviour policy:
 the head's raw sample (the pre-squash Normal draw, or the index: log-probabilities
-are then exact, no inverse tanh), its log-probability, the value (PPO2's value clip)
-and the learner step the weights came from (`policy_version`: the measured policy lag).
+are then exact, no inverse tanh), its log-probability, the value (PPO2's value clip),
+the learner step the weights came from (`policy_version`: the measured policy lag) and
+the env's id (the reward normalizer carries each env's return across its unrolls).
 """
 
 import tensorflow as tf
@@ -27,5 +28,6 @@ class PPOPolicy(TFServerPolicy):
     mask = tf.reshape(eval_mask, [-1] + [1] * (sampled.shape.rank - 1))
     raw = tf.where(mask, greedy, sampled)
     extras = {'raw_action': raw, 'log_prob': head.log_prob(params, raw), 'value': value,
-              'policy_version': tf.fill(tf.shape(env_ids), self._network.version)}
+              'policy_version': tf.fill(tf.shape(env_ids), self._network.version),
+              'env_id': tf.cast(env_ids, tf.int32)}
     return head.to_env(raw), extras, next_state

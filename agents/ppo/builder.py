@@ -34,7 +34,8 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
     """What `acting.PPOPolicy` stores per step (agents/ppo/acting.py)."""
     return {'raw_action': network.head.raw_spec, 'log_prob': tf.TensorSpec((), tf.float32),
             'value': tf.TensorSpec((), tf.float32),
-            'policy_version': tf.TensorSpec((), tf.int32)}
+            'policy_version': tf.TensorSpec((), tf.int32),
+            'env_id': tf.TensorSpec((), tf.int32)}
 
   def make_policy(self, networks_, spec: EnvSpec, num_train_envs: int,
                   num_envs: int) -> acting.PPOPolicy:

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Tuple
 
 CORES = ('feedforward', 'lstm')
+OBJECTIVES = ('decoupled', 'clip')
 ADVANTAGE_ESTIMATORS = ('gae', 'vtrace')
 SQUASHES = ('tanh', 'clip')
 
@@ -43,13 +44,24 @@ class PPOConfig:
     advantage_estimator: 'gae', or 'vtrace' (V-trace-corrected, for stale unrolls).
     recompute_advantages: recompute advantages with the current network each epoch.
     normalize_advantages: per minibatch, over its real transitions.
-    clip_epsilon: the surrogate's clip; value_clip: PPO2's value clip (None: off).
+    objective: 'decoupled' (Hilton et al. 2021: the clip centred on the proximal
+      policy, the network as each learner batch arrives, and the behaviour policy
+      corrected by the weight min(behaviour_weight_clip, pi_prox / mu)) or 'clip'
+      (plain PPO-clip, centred on the behaviour policy, several learner steps old here).
+    behaviour_weight_clip: c_bar of the decoupled objective's behaviour weight. 1.0,
+      V-trace's rho_bar: the lagging data's correction is truncated where the
+      advantage estimator's would be (the paper's code clips pi/mu at 100, for
+      numerical safety only, on artificially stale data).
+    clip_epsilon: the surrogate's clip; value_clip: PPO2's value clip (None: off),
+      centred on the values of the same policy as the surrogate's clip.
     baseline_cost, entropy_cost: weights of the value loss and the entropy bonus.
     normalize_observations: running mean/std of observations (checkpointed with the
       network; inference and learner read the same statistics), clipped to
-      +-observation_clip.
+      +-observation_clip. The learner adds a batch's observations after its epochs,
+      with the new weights: the policy's statistics change with its version.
     normalize_rewards: divide rewards by the running std of discounted returns
-      (CleanRL's NormalizeReward), clipped to +-reward_norm_clip.
+      (CleanRL's NormalizeReward), clipped to +-reward_norm_clip; each env's return
+      runs on across its unrolls.
     reward_clip, reward_scale: clip rewards (Atari: 1), then scale.
   """
   unroll_length: int = 64
@@ -74,6 +86,8 @@ class PPOConfig:
   advantage_estimator: str = 'gae'
   recompute_advantages: bool = False
   normalize_advantages: bool = True
+  objective: str = 'clip'
+  behaviour_weight_clip: float = 1.0
   clip_epsilon: float = 0.2
   value_clip: float | None = None
   baseline_cost: float = 0.5
@@ -96,6 +110,10 @@ class PPOConfig:
               (self.advantage_estimator in ADVANTAGE_ESTIMATORS,
                f'advantage_estimator={self.advantage_estimator!r}: choose one of '
                f'{ADVANTAGE_ESTIMATORS}'),
+              (self.objective in OBJECTIVES,
+               f'objective={self.objective!r}: choose one of {OBJECTIVES}'),
+              (self.behaviour_weight_clip > 0,
+               f'behaviour_weight_clip={self.behaviour_weight_clip} must be > 0'),
               (self.squash in SQUASHES, f'squash={self.squash!r}: choose one of {SQUASHES}'),
               (self.activation in ('tanh', 'relu'),
                f"activation={self.activation!r}: choose 'tanh' or 'relu'"),

@@ -2,16 +2,26 @@
 
 Per learner step (SEED RL's policy-gradient agent, on our queue and loop):
 
-1. take `batch_size` unrolls off the Reverb queue; add their observations to the
-   running normalizer (inference reads the same variables, so both sides normalize
-   alike), and scale rewards by the running std of discounted returns if asked;
-2. compute advantages and value targets with the network as it is (GAE, or V-trace's
-   off-policy correction for stale unrolls), once or again every epoch;
+1. take `batch_size` unrolls off the Reverb queue; scale rewards by the running std of
+   discounted returns if asked (each env's return carried from its previous unroll,
+   keyed by the `env_id` the policy stamps);
+2. with the network as it is -- the proximal policy -- compute log-probabilities and
+   values of the batch, and advantages and value targets (GAE, or V-trace's off-policy
+   correction for stale unrolls; advantages again every epoch if asked);
 3. `epochs` times, shuffle and split into `num_minibatches` minibatches -- of
    transitions for a feed-forward core, of whole unrolls for an LSTM (its state must
-   run through the unroll) -- and take one clipped-surrogate Adam step on each;
-4. set the network's `version` to the new learner step; the policy stamps it on every
-   served step, so the policy lag (`policy_lag`, `policy_lag_max`) is measured.
+   run through the unroll) -- and take one Adam step on each: the decoupled objective
+   (the clip centred on the proximal policy, the behaviour policy corrected by a
+   truncated importance weight) or plain PPO-clip (centred on the behaviour policy);
+4. add the batch's observations to the running normalizer and set the network's
+   `version` to the new learner step; the policy stamps it on every served step, so
+   the policy lag (`policy_lag`, `policy_lag_max`) is measured.
+
+Why the statistics change in step 4, not step 1: the normalizer is part of the policy.
+Updated as the batch arrives, the learner's log-probs of fresh data differ from the
+ones the policy acted with (the ratio is not 1 at zero lag), and the proximal policy
+is one inference never served. Updated with the weights, they change with the version
+the lag counts, and a batch of zero lag is evaluated exactly as it was acted on.
 
 Gradients are computed and applied by two compiled functions: a minibatch whose loss or
 gradients are not finite is never applied (the variables stay good) and the step
@@ -34,7 +44,8 @@ from seedacme.trajectories.datasets import ReverbBatches, batch_specs, time_majo
 from seedacme.types import FIRST, LAST
 
 _BATCH_FIELDS = ('observation', 'first', 'raw_action', 'behaviour_log_prob',
-                 'behaviour_value', 'advantages', 'returns', 'mask')
+                 'behaviour_value', 'proximal_log_prob', 'proximal_value', 'advantages',
+                 'returns', 'mask')
 
 
 def minibatch_plan(num_items: int, epochs: int, num_minibatches: int,
@@ -54,7 +65,7 @@ def _flat2(x: tf.Tensor) -> tf.Tensor:
 
 
 class PPOLearner(BatchLearner):
-  """Clipped-surrogate PPO on unrolls from the queue; shares `network` with inference."""
+  """PPO (decoupled or clip) on unrolls from the queue; shares `network` with inference."""
 
   def __init__(self, network: snt.Module, config: PPOConfig,
                batches: ReverbBatches | None,
@@ -70,8 +81,17 @@ class PPOLearner(BatchLearner):
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._reward_stats = RunningNormalizer((), clip=None) if config.normalize_rewards \
         else None
+    self._env_returns: Dict[int, float] = {}  # per env, the return its last unroll ended at
     self._rng = np.random.default_rng(config.seed)
     self._prepare_fn = tf.function(self._prepare, experimental_relax_shapes=True)
+    self._returns_fn = tf.function(
+        lambda r, f, m, g: losses.running_returns(r, f, m, config.discount, g),
+        experimental_relax_shapes=True)
+    self._scale_rewards_fn = tf.function(self._scale_rewards,
+                                         experimental_relax_shapes=True)
+    self._update_normalizer_fn = tf.function(
+        lambda observations: self._network.update_normalizer(observations),
+        experimental_relax_shapes=True)
     self._advantages_fn = tf.function(self._advantages, experimental_relax_shapes=True)
     self._grads_fn = tf.function(self._grads, experimental_relax_shapes=True)
     self._apply_fn = tf.function(self._apply)
@@ -97,58 +117,72 @@ class PPOLearner(BatchLearner):
     return state
 
   # ---- in-graph parts --------------------------------------------------------------
-  def _scaled_rewards(self, rewards, first, mask):
-    """Rewards divided by the running std of discounted returns (summed within each
-    unroll from its start or its episode's start), clipped."""
-    def accumulate(g, x):
-      r, restart, m = x
-      return m * (r + self._config.discount * g * (1.0 - restart))
-    returns = tf.scan(accumulate, (rewards, tf.cast(first, tf.float32), mask),
-                      initializer=tf.zeros_like(rewards[0]))
+  def _scale_rewards(self, rewards, returns, mask):
+    """Adds the returns to the statistics; rewards divided by their std, clipped."""
     self._reward_stats.update(tf.reshape(returns, [-1]), tf.reshape(mask > 0, [-1]))
     std = tf.cast(tf.sqrt(self._reward_stats.var + 1e-8), tf.float32)
     clip = self._config.reward_norm_clip
     return tf.clip_by_value(rewards / std, -clip, clip)
 
   def _prepare(self, batch):
-    """The batch time-major, normalizer updated, rewards and discounts as the losses
-    want them (transition t: x_t -> x_{t+1}; masked where x_t is LAST)."""
+    """The batch time-major, rewards and discounts as the losses want them (transition
+    t: x_t -> x_{t+1}; masked where x_t is LAST); rewards not yet normalized."""
     c = self._config
     observation = time_major(batch['observation'])
     step_type = time_major(batch['step_type'])
     first = tf.equal(step_type, FIRST)
     mask = tf.cast(tf.not_equal(step_type[:-1], LAST), tf.float32)
-    self._network.update_normalizer(observation[:-1])
     rewards = tf.cast(time_major(batch['reward']), tf.float32)[1:]
     if c.reward_clip is not None:
       rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
     rewards = rewards * c.reward_scale
-    if self._reward_stats is not None:
-      rewards = self._scaled_rewards(rewards, first[:-1], mask)
     extras = {k: time_major(batch[k]) for k in ('raw_action', 'log_prob', 'value',
-                                                'policy_version')}
+                                                'policy_version', 'env_id')}
     return {'observation': observation, 'first': first, 'mask': mask,
             'rewards': rewards,
             'discounts': c.discount * tf.cast(time_major(batch['discount']), tf.float32)[1:],
             'raw_action': extras['raw_action'], 'behaviour_log_prob': extras['log_prob'],
             'behaviour_value': extras['value'], 'policy_version': extras['policy_version'],
-            'initial_state': batch.get('initial_state', ())}
+            'env_id': extras['env_id'][0], 'initial_state': batch.get('initial_state', ())}
+
+  def _normalized_rewards(self, prepared):
+    """Rewards divided by the running std of each env's discounted return, which runs
+    on from the env's previous unroll (two unrolls of one env in a batch: in order)."""
+    rewards = prepared['rewards']
+    first, mask = prepared['first'][:-1].numpy(), prepared['mask'].numpy()
+    env_ids = prepared['env_id'].numpy()
+    occurrence = np.zeros(len(env_ids), np.int64)
+    seen: Dict[int, int] = {}
+    for b, e in enumerate(env_ids.tolist()):
+      occurrence[b] = seen.get(e, 0)
+      seen[e] = occurrence[b] + 1
+    returns = np.zeros(rewards.shape, np.float32)
+    for k in range(int(occurrence.max()) + 1):
+      cols = np.flatnonzero(occurrence == k)
+      initial = np.array([self._env_returns.get(int(e), 0.0) for e in env_ids[cols]],
+                         np.float32)
+      out, final = self._returns_fn(tf.gather(rewards, cols, axis=1), first[:, cols],
+                                    mask[:, cols], initial)
+      returns[:, cols] = out.numpy()
+      self._env_returns.update(zip(env_ids[cols].tolist(), final.numpy().tolist()))
+    return self._scale_rewards_fn(rewards, tf.constant(returns), prepared['mask'])
 
   def _advantages(self, data):
-    """Advantages and value targets `[T, B]` with the network's current weights."""
+    """`(advantages, returns, log_probs, values)`, each `[T, B]`, with the network's
+    current weights: the last two are the proximal policy's at the batch's arrival."""
     c = self._config
     params, values = self._network.unroll(data['observation'], data['first'],
                                           data['initial_state'])
+    log_probs = self._network.head.log_prob(tree.map_structure(lambda p: p[:-1], params),
+                                            data['raw_action'][:-1])
     if c.advantage_estimator == 'gae':
       out = losses.gae(data['rewards'], data['discounts'], values[:-1], values[-1],
                        data['mask'], c.gae_lambda)
     else:
-      target = self._network.head.log_prob(tree.map_structure(lambda p: p[:-1], params),
-                                           data['raw_action'][:-1])
-      out = losses.vtrace_advantages(target, data['behaviour_log_prob'][:-1],
+      out = losses.vtrace_advantages(log_probs, data['behaviour_log_prob'][:-1],
                                      data['rewards'], data['discounts'], values[:-1],
                                      values[-1], data['mask'], c.gae_lambda)
-    return out.advantages, out.returns
+    return out.advantages, out.returns, log_probs, values[:-1]
 
   def _minibatch(self, data, indices):
     """The minibatch `indices` selects: transitions of `[T*B]` for a feed-forward core
@@ -175,11 +209,21 @@ class PPOLearner(BatchLearner):
       advantages = mb['advantages']
       if c.normalize_advantages:
         advantages = losses.normalize_advantages(advantages, mb['mask'])
-      loss, metrics = losses.ppo_loss(
-          log_probs, mb['behaviour_log_prob'], advantages, values, mb['behaviour_value'],
-          mb['returns'], entropy, mb['mask'], clip_epsilon=c.clip_epsilon,
-          value_clip=c.value_clip, baseline_cost=c.baseline_cost,
-          entropy_cost=c.entropy_cost)
+      kwargs = dict(clip_epsilon=c.clip_epsilon, value_clip=c.value_clip,
+                    baseline_cost=c.baseline_cost, entropy_cost=c.entropy_cost)
+      if c.objective == 'decoupled':  # V-trace's advantages carry the correction
+        loss, metrics = losses.decoupled_ppo_loss(
+            log_probs, mb['proximal_log_prob'], mb['behaviour_log_prob'], advantages,
+            values, mb['proximal_value'], mb['returns'], entropy, mb['mask'],
+            behaviour_weight_clip=c.behaviour_weight_clip,
+            correct_behaviour=c.advantage_estimator != 'vtrace', **kwargs)
+      else:
+        loss, metrics = losses.ppo_loss(
+            log_probs, mb['behaviour_log_prob'], advantages, values,
+            mb['behaviour_value'], mb['returns'], entropy, mb['mask'], **kwargs)
+        metrics.update(losses.behaviour_weights(
+            mb['proximal_log_prob'], mb['behaviour_log_prob'], mb['mask'],
+            c.behaviour_weight_clip)[1])
     grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if c.max_gradient_norm:
       grads, norm = tf.clip_by_global_norm(grads, c.max_gradient_norm)
@@ -205,21 +249,30 @@ class PPOLearner(BatchLearner):
     return {k: replicas.all_reduce_mean(v) for k, v in metrics.items()}
 
   # ---- the step --------------------------------------------------------------------
-  def _training_data(self, prepared, advantages, returns):
+  def _training_data(self, prepared, proximal, advantages, returns):
     """What minibatches select from: the T transitions of every unroll."""
     data = {'observation': prepared['observation'][:-1], 'first': prepared['first'][:-1],
             'raw_action': prepared['raw_action'][:-1],
             'behaviour_log_prob': prepared['behaviour_log_prob'][:-1],
             'behaviour_value': prepared['behaviour_value'][:-1],
+            'proximal_log_prob': proximal[0], 'proximal_value': proximal[1],
             'advantages': advantages, 'returns': returns, 'mask': prepared['mask'],
             'initial_state': prepared['initial_state']}
     return data
 
+  def prepare(self, batch) -> Dict[str, Any]:
+    """The batch as the losses take it, rewards normalized (this updates the reward
+    statistics and each env's running return, as `train_on` does)."""
+    prepared = dict(self._prepare_fn(batch))
+    if self._reward_stats is not None:
+      prepared['rewards'] = self._normalized_rewards(prepared)
+    return prepared
+
   def advantages(self, batch):
     """Advantages and value targets (numpy `[T, B]`) of a batch of unrolls with the
-    network as it is (what the next `train_on` starts from; also updates the
-    observation statistics, as `train_on` would)."""
-    advantages, returns = self._advantages_fn(self._prepare_fn(batch))
+    network as it is (what the next `train_on` starts from; reward statistics are
+    updated as `train_on` would)."""
+    advantages, returns, _, _ = self._advantages_fn(self.prepare(batch))
     return advantages.numpy(), returns.numpy()
 
   def warm_up(self) -> bool:
@@ -235,17 +288,19 @@ class PPOLearner(BatchLearner):
     if c.learning_rate_decay_steps:
       done = min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
       self._learning_rate.assign(c.learning_rate * (1.0 - done))
-    prepared = self._prepare_fn(batch)
+    prepared = self.prepare(batch)
     num_unrolls = int(prepared['mask'].shape[1])
     unroll_length = int(prepared['mask'].shape[0])
     items = num_unrolls if self._recurrent else num_unrolls * unroll_length
     plan = minibatch_plan(items, c.epochs, c.num_minibatches, self._rng)
     uses = np.zeros(num_unrolls)
     sums: Dict[str, float] = {}
-    data = None
+    # Before any step: the proximal policy's log-probs and values, and advantages.
+    advantages, returns, *proximal = self._advantages_fn(prepared)
+    data = self._training_data(prepared, proximal, advantages, returns)
     for i, indices in enumerate(plan):
-      if data is None or (c.recompute_advantages and i % c.num_minibatches == 0):
-        data = self._training_data(prepared, *self._advantages_fn(prepared))
+      if c.recompute_advantages and i and i % c.num_minibatches == 0:
+        data = self._training_data(prepared, proximal, *self._advantages_fn(prepared)[:2])
       if self._devices.num_replicas > 1:  # applied in the call, if finite
         metrics = self._replicated_fn(data, tf.constant(indices))
         grads = None
@@ -263,6 +318,9 @@ class PPOLearner(BatchLearner):
       unroll_of = indices if self._recurrent else indices % num_unrolls
       np.add.at(uses, unroll_of, 1.0 if self._recurrent else 1.0 / unroll_length)
     self.last_unroll_uses = uses
+    # The statistics change with the weights (module docstring).
+    if self._network.normalizer is not None:
+      self._update_normalizer_fn(prepared['observation'][:-1])
     self.num_steps.assign_add(1)
     self._network.version.assign(tf.cast(self.num_steps, tf.int32))
     out = {k: v / len(plan) for k, v in sums.items()}

@@ -12,6 +12,16 @@ discount gamma on the step into LAST, so the LAST observation's value is bootstr
 Advantage estimation is split from the loss because SEED's unrolls can be stale: the
 learner picks GAE for on-policy data or V-trace-corrected advantages for lagging actors,
 then runs the same clipped surrogate over minibatches of either.
+
+The surrogate's anchor is a choice too. Plain PPO-clip (`ppo_loss` with the behaviour
+log-probs) centres the trust region on the policy that acted, which in SEED is several
+learner steps old. The decoupled objective (Hilton et al. 2021, "Batch size-invariance
+for policy optimization"; `decoupled_ppo_loss`) centres it on the proximal policy (the
+network as the learner batch arrives) and corrects for the behaviour policy with a
+truncated importance weight min(c_bar, pi_prox / mu), constant in the parameters.
+
+`running_returns` is the reward normalizer's discounted return (gymnasium's
+`NormalizeReward`), carried in from the env's previous unroll.
 """
 
 from typing import Dict, NamedTuple, Tuple
@@ -85,6 +95,24 @@ def vtrace_advantages(target_log_probs: tf.Tensor, behaviour_log_probs: tf.Tenso
   return GaeReturns(tf.stop_gradient(advantages), tf.stop_gradient(vs))
 
 
+def running_returns(rewards: tf.Tensor, first: tf.Tensor, mask: tf.Tensor, gamma: float,
+                    initial: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+  """The discounted return the reward normalizer tracks, continued across unrolls.
+
+      g_t = mask_t (r_t + gamma (1 - first_t) g_{t-1}),  g_{-1} = initial
+
+  `first[t]` marks x_t as an episode's FIRST step (the return restarts), `mask[t] = 0`
+  a transition that does not exist (x_t is LAST: the return ends). Inputs `[T, B]`,
+  `initial` `[B]` (what the env's previous unroll ended with). Returns `(g [T, B],
+  g_{T-1} [B])`: the second is the next unroll's `initial`.
+  """
+  mask = tf.cast(mask, rewards.dtype)
+  keep = _constant(gamma, rewards.dtype) * (1.0 - tf.cast(first, rewards.dtype))
+  returns = tf.scan(lambda g, x: x[2] * (x[0] + x[1] * g), (rewards, keep, mask),
+                    initializer=tf.cast(initial, rewards.dtype))
+  return returns, returns[-1]
+
+
 def _masked_mean(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
   """Mean of `x` over `mask > 0`; `tf.where` keeps garbage (inf/nan) at masked entries out."""
   count = tf.maximum(tf.reduce_sum(mask), 1.0)
@@ -105,19 +133,23 @@ def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: t
              values: tf.Tensor, behaviour_values: tf.Tensor, returns: tf.Tensor,
              entropy: tf.Tensor, mask: tf.Tensor, clip_epsilon: float = 0.2,
              value_clip: float | None = None, baseline_cost: float = 0.5,
-             entropy_cost: float = 0.0) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+             entropy_cost: float = 0.0, weights: tf.Tensor | None = None
+             ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
   """PPO's clipped surrogate + baseline_cost * value loss - entropy_cost * entropy.
 
       ratio = exp(log_probs - behaviour_log_probs)
-      policy_loss = -mean(min(ratio A, clip(ratio, 1 - eps, 1 + eps) A))
+      policy_loss = -mean(w min(ratio A, clip(ratio, 1 - eps, 1 + eps) A))
       value_loss = 0.5 mean((V - R)^2), or with `value_clip` c (PPO2)
                    0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2))
 
   Args:
     log_probs: log pi(a|x) of the actions under the policy being learned (differentiable).
-    behaviour_log_probs: log mu(a|x) the data was collected (or last evaluated) with.
+    behaviour_log_probs: the ratio's denominator, the trust region's centre: log mu(a|x)
+      the data was collected with (PPO-clip), or the proximal policy's
+      (`decoupled_ppo_loss`).
     advantages, returns: targets (gradient stopped here).
-    values: V(x) being learned; behaviour_values: V_old(x) for value clipping.
+    values: V(x) being learned; behaviour_values: V_old(x) for value clipping (the
+      values at the same centre).
     entropy: the policy's entropy at each x.
     mask: 0 for entries that are no transition. Every input has the same shape (any
       rank: the learner passes time-major minibatches `[T, b]`).
@@ -133,11 +165,13 @@ def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: t
   advantages, returns, behaviour_log_probs, behaviour_values = (
       tf.stop_gradient(zero_masked(x))
       for x in (advantages, returns, behaviour_log_probs, behaviour_values))
+  weights = (tf.ones_like(advantages) if weights is None
+             else tf.stop_gradient(zero_masked(tf.cast(weights, advantages.dtype))))
 
   log_ratio = log_probs - behaviour_log_probs
   ratio = tf.exp(log_ratio)
   clipped_ratio = tf.clip_by_value(ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon)
-  surrogate = tf.minimum(ratio * advantages, clipped_ratio * advantages)
+  surrogate = weights * tf.minimum(ratio * advantages, clipped_ratio * advantages)
   policy_loss = -_masked_mean(surrogate, mask)
 
   value_error = tf.square(values - returns)
@@ -161,3 +195,57 @@ def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: t
       'mean_ratio': _masked_mean(ratio, mask),
   }
   return loss, {k: tf.stop_gradient(v) for k, v in metrics.items()}
+
+
+def behaviour_weights(proximal_log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor,
+                      mask: tf.Tensor, clip: float = 1.0
+                      ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """The decoupled objective's behaviour correction, truncated: min(clip, pi_prox / mu).
+
+  Returns `(weights, metrics)`: weights are 0 at masked entries and carry no gradient;
+  metrics are the mean weight, the fraction truncated and the approximate KL of the
+  proximal policy from the behaviour policy (how stale the data is), over unmasked
+  entries.
+  """
+  mask = tf.cast(mask, proximal_log_probs.dtype)
+  log_rho = tf.stop_gradient(tf.where(mask > 0, proximal_log_probs - behaviour_log_probs,
+                                      tf.zeros_like(proximal_log_probs)))
+  rho = tf.exp(log_rho)
+  clip = _constant(clip, rho.dtype)
+  weights = tf.where(mask > 0, tf.minimum(clip, rho), tf.zeros_like(rho))
+  metrics = {
+      'behaviour_weight': _masked_mean(weights, mask),
+      'behaviour_weight_clipped': _masked_mean(tf.cast(rho > clip, mask.dtype), mask),
+      'behaviour_kl': _masked_mean((rho - 1.0) - log_rho, mask),
+  }
+  return weights, metrics
+
+
+def decoupled_ppo_loss(log_probs: tf.Tensor, proximal_log_probs: tf.Tensor,
+                       behaviour_log_probs: tf.Tensor, advantages: tf.Tensor,
+                       values: tf.Tensor, proximal_values: tf.Tensor, returns: tf.Tensor,
+                       entropy: tf.Tensor, mask: tf.Tensor, clip_epsilon: float = 0.2,
+                       value_clip: float | None = None, baseline_cost: float = 0.5,
+                       entropy_cost: float = 0.0, behaviour_weight_clip: float = 1.0,
+                       correct_behaviour: bool = True
+                       ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+  """Decoupled PPO (Hilton et al. 2021): the clip centred on the proximal policy.
+
+      r = pi / pi_prox,  w = min(c_bar, pi_prox / mu)   (constants in the parameters)
+      policy_loss = -mean(w min(r A, clip(r, 1 - eps, 1 + eps) A))
+
+  and the value clip (if any) centred on the proximal values. When pi_prox = mu and
+  c_bar >= 1 this is `ppo_loss` exactly. `correct_behaviour=False` leaves w = 1 for
+  advantages that already carry the correction (V-trace's rho); the weight's metrics
+  are reported either way. `clip_fraction`, `approx_kl` and `mean_ratio` are against
+  the proximal policy.
+  """
+  weights, weight_metrics = behaviour_weights(proximal_log_probs, behaviour_log_probs,
+                                              mask, behaviour_weight_clip)
+  loss, metrics = ppo_loss(log_probs, proximal_log_probs, advantages, values,
+                           proximal_values, returns, entropy, mask,
+                           clip_epsilon=clip_epsilon, value_clip=value_clip,
+                           baseline_cost=baseline_cost, entropy_cost=entropy_cost,
+                           weights=weights if correct_behaviour else None)
+  metrics.update(weight_metrics)
+  return loss, metrics

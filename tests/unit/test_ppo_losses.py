@@ -376,3 +376,175 @@ def test_masked_entries_change_nothing():
   for name in ('log_probs', 'values', 'entropy'):
     np.testing.assert_array_equal(p_grads[name], grads[name])
     assert np.all(grads[name][masked] == 0.0)
+
+
+def reference_decoupled(log_probs, proximal_log_probs, behaviour_log_probs, advantages,
+                        values, proximal_values, returns, entropy, mask, eps, value_clip,
+                        baseline_cost, entropy_cost, c_bar, correct_behaviour=True):
+  """Hilton et al. (2021), eq. for L^CLIP decoupled, entry by entry:
+  -(pi_prox/mu truncated at c_bar) min(r A, clip(r) A), r = pi/pi_prox."""
+  n = 0
+  policy = value = ent = clipped = kl = ratio_sum = 0.0
+  weight_sum = truncated = behaviour_kl = 0.0
+  for idx in np.ndindex(mask.shape):
+    if mask[idx] == 0:
+      continue
+    n += 1
+    rho = np.exp(proximal_log_probs[idx] - behaviour_log_probs[idx])
+    w = min(c_bar, rho)
+    weight_sum += w
+    truncated += float(rho > c_bar)
+    behaviour_kl += (rho - 1) - np.log(rho)
+    r = np.exp(log_probs[idx] - proximal_log_probs[idx])
+    a = advantages[idx]
+    policy += -(w if correct_behaviour else 1.0) * min(r * a, np.clip(r, 1 - eps, 1 + eps) * a)
+    err = (values[idx] - returns[idx]) ** 2
+    if value_clip is not None:
+      v_clipped = proximal_values[idx] + np.clip(values[idx] - proximal_values[idx],
+                                                 -value_clip, value_clip)
+      err = max(err, (v_clipped - returns[idx]) ** 2)
+    value += 0.5 * err
+    ent += entropy[idx]
+    clipped += float(abs(r - 1) > eps)
+    kl += (r - 1) - np.log(r)
+    ratio_sum += r
+  policy, value, ent = policy / n, value / n, ent / n
+  loss = policy + baseline_cost * value - entropy_cost * ent
+  return loss, {'policy_loss': policy, 'value_loss': value, 'entropy': ent,
+                'clip_fraction': clipped / n, 'approx_kl': kl / n, 'mean_ratio': ratio_sum / n,
+                'behaviour_weight': weight_sum / n, 'behaviour_weight_clipped': truncated / n,
+                'behaviour_kl': behaviour_kl / n}
+
+
+def _decoupled_inputs(rng, shape=(6, 5)):
+  inputs = _ppo_inputs(rng, shape)
+  behaviour = inputs.pop('behaviour_log_probs')
+  return dict(log_probs=inputs['log_probs'],
+              proximal_log_probs=rng.normal(-1.0, 0.3, shape),
+              behaviour_log_probs=behaviour, advantages=inputs['advantages'],
+              values=inputs['values'], proximal_values=inputs.pop('behaviour_values'),
+              returns=inputs['returns'], entropy=inputs['entropy'], mask=inputs['mask'])
+
+
+def _decoupled(inputs, **kwargs):
+  tensors = {k: tf.constant(v, tf.float64) for k, v in inputs.items()}
+  with tf.GradientTape(persistent=True) as tape:
+    tape.watch(list(tensors.values()))
+    loss, metrics = losses.decoupled_ppo_loss(**tensors, **kwargs)
+  grads = {k: tape.gradient(loss, t) for k, t in tensors.items()}
+  grads = {k: None if g is None else g.numpy() for k, g in grads.items()}
+  return float(loss), {k: float(v) for k, v in metrics.items()}, grads
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+@pytest.mark.parametrize('c_bar', [0.8, 1.0, 100.0])
+@pytest.mark.parametrize('value_clip', [None, 0.2])
+@pytest.mark.parametrize('correct_behaviour', [True, False])
+def test_decoupled_loss_matches_reference(seed, c_bar, value_clip, correct_behaviour):
+  inputs = _decoupled_inputs(np.random.default_rng(seed))
+  kwargs = dict(clip_epsilon=0.1, value_clip=value_clip, baseline_cost=0.5,
+                entropy_cost=0.01)
+  loss, metrics, grads = _decoupled(inputs, behaviour_weight_clip=c_bar,
+                                    correct_behaviour=correct_behaviour, **kwargs)
+  ref_loss, ref_metrics = reference_decoupled(*inputs.values(), 0.1, value_clip, 0.5, 0.01,
+                                              c_bar, correct_behaviour)
+  assert loss == pytest.approx(ref_loss, rel=1e-10)
+  assert set(metrics) == set(ref_metrics) | {'loss'}
+  for name, value in ref_metrics.items():
+    assert metrics[name] == pytest.approx(value, rel=1e-10, abs=1e-12), name
+  assert 0.0 < metrics['clip_fraction'] < 1.0
+  if c_bar == 1.0:
+    assert 0.0 < metrics['behaviour_weight_clipped'] < 1.0  # both sides of c_bar
+  # Neither the proximal nor the behaviour policy is trained through (nor the targets).
+  for name in ('proximal_log_probs', 'behaviour_log_probs', 'advantages', 'returns'):
+    assert grads[name] is None or not np.any(grads[name]), name
+
+
+def test_decoupled_gradient_is_the_weighted_ratio_against_the_proximal_policy():
+  # One entry inside the trust region: d loss / d log_pi = -w r A, r = pi / pi_prox.
+  for log_prox, log_mu, c_bar in ((-1.0, -1.5, 1.0), (-1.0, -0.5, 1.0), (-1.0, -1.5, 2.0)):
+    inputs = dict(log_probs=np.array([-0.95]), proximal_log_probs=np.array([log_prox]),
+                  behaviour_log_probs=np.array([log_mu]), advantages=np.array([0.7]),
+                  values=np.zeros(1), proximal_values=np.zeros(1), returns=np.zeros(1),
+                  entropy=np.zeros(1), mask=np.ones(1))
+    _, metrics, grads = _decoupled(inputs, clip_epsilon=0.2, behaviour_weight_clip=c_bar)
+    r, w = np.exp(-0.95 - log_prox), min(c_bar, np.exp(log_prox - log_mu))
+    assert grads['log_probs'][0] == pytest.approx(-w * r * 0.7)
+    assert metrics['mean_ratio'] == pytest.approx(r)
+    assert metrics['behaviour_weight'] == pytest.approx(w)
+
+
+def test_decoupled_is_ppo_clip_when_the_proximal_policy_acted():
+  inputs = _ppo_inputs(np.random.default_rng(3))
+  kwargs = dict(clip_epsilon=0.2, value_clip=0.2, baseline_cost=0.5, entropy_cost=0.01)
+  loss, metrics, grads = _ppo(inputs, **kwargs)
+  decoupled = dict(log_probs=inputs['log_probs'],
+                   proximal_log_probs=inputs['behaviour_log_probs'],
+                   behaviour_log_probs=inputs['behaviour_log_probs'],
+                   advantages=inputs['advantages'], values=inputs['values'],
+                   proximal_values=inputs['behaviour_values'], returns=inputs['returns'],
+                   entropy=inputs['entropy'], mask=inputs['mask'])
+  d_loss, d_metrics, d_grads = _decoupled(decoupled, behaviour_weight_clip=1.0, **kwargs)
+  assert d_loss == pytest.approx(loss, rel=1e-12)
+  for name, value in metrics.items():
+    assert d_metrics[name] == pytest.approx(value, rel=1e-12), name
+  assert d_metrics['behaviour_weight'] == 1.0 and d_metrics['behaviour_kl'] == 0.0
+  np.testing.assert_allclose(d_grads['log_probs'], grads['log_probs'], rtol=1e-12)
+
+
+def test_behaviour_weights_ignore_garbage_at_masked_entries():
+  proximal = np.array([-1.0, 80.0, -2.0])
+  behaviour = np.array([-1.2, -80.0, np.nan])
+  mask = np.array([1.0, 0.0, 0.0])
+  weights, metrics = losses.behaviour_weights(tf.constant(proximal), tf.constant(behaviour),
+                                              tf.constant(mask), clip=1.0)
+  np.testing.assert_array_equal(weights.numpy(), [1.0, 0.0, 0.0])
+  assert metrics['behaviour_weight_clipped'].numpy() == 1.0
+  assert np.isfinite(metrics['behaviour_kl'].numpy())
+
+
+def reference_running_returns(rewards, first, mask, gamma, initial):
+  """The normalizer's return as an explicit discounted sum back to where it started
+  (the episode's first transition, or the carried-in return before the unroll)."""
+  T, B = rewards.shape
+  out = np.zeros((T, B))
+  for b in range(B):
+    for t in range(T):
+      if mask[t, b] == 0:
+        continue
+      total, s = 0.0, t
+      while True:
+        total += GAMMA_R ** (t - s) * rewards[s, b]
+        if first[s, b]:
+          break
+        if s == 0:
+          total += GAMMA_R ** (t + 1) * initial[b]
+          break
+        if mask[s - 1, b] == 0:
+          break
+        s -= 1
+      out[t, b] = total
+  return out
+
+
+GAMMA_R = 0.97
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_running_returns_match_reference(seed):
+  rng = np.random.default_rng(seed)
+  T, B = 9, 4
+  rewards = rng.normal(0, 1, (T, B))
+  mask = (rng.random((T, B)) > 0.2).astype(np.float64)
+  first = np.zeros((T, B))
+  first[1:][mask[:-1] == 0] = 1.0  # after a LAST step comes a FIRST one
+  first[0, 1] = 1.0  # an unroll that starts an episode drops what was carried in
+  mask[0, 0], first[0, 0] = 1.0, 0.0  # column 0 continues the carried-in return
+  initial = rng.normal(0, 3, B)
+  out, final = losses.running_returns(tf.constant(rewards), tf.constant(first),
+                                      tf.constant(mask), GAMMA_R, tf.constant(initial))
+  expected = reference_running_returns(rewards, first, mask, GAMMA_R, initial)
+  np.testing.assert_allclose(out.numpy(), expected, atol=1e-12)
+  np.testing.assert_array_equal(final.numpy(), out.numpy()[-1])
+  assert out.numpy()[0, 0] == pytest.approx(rewards[0, 0] + GAMMA_R * initial[0])
+  assert out.numpy()[0, 1] == pytest.approx(rewards[0, 1] * mask[0, 1])  # restarted
