@@ -74,6 +74,10 @@ class ProgramConfig:
     acting_nice: renice actor and evaluator processes by this much (0-19), so that the
       central node's inference and learner win the CPU when all are runnable
       (`seedacme.runtime.priority`; measured in bench/learner_share.py).
+    env_step_timeout_s: an env call (a batch's step or reset) that has not returned
+      after this long is a hung env: reported, and its actor restarted (None: no
+      watchdog). 60 s is far above any step or reset seen (seconds for a DeepMind Lab
+      or Football reset, stretched by a loaded machine): `seedacme.actor.env_actor`.
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -105,6 +109,7 @@ class ProgramConfig:
   learner_devices: str | None = None
   logical_cpus: int = 0
   acting_nice: int = 0
+  env_step_timeout_s: float | None = 60.0
   env_name: str | None = None
   env_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
   allow_config_change: Tuple[str, ...] = ()
@@ -166,5 +171,7 @@ class ProgramConfig:
           f"transport must be 'auto', 'courier' or 'shm', got {self.transport!r}")
     if not 0 <= self.acting_nice <= 19:
       raise ValueError(f'acting_nice must be in 0..19, got {self.acting_nice}')
+    if self.env_step_timeout_s is not None and self.env_step_timeout_s <= 0:
+      raise ValueError(f'env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}')
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')

@@ -23,7 +23,7 @@ import launchpad as lp
 from launchpad.nodes.python import local_multi_processing
 
 from seedacme.actor.actor_side import run_actor_with_inference
-from seedacme.actor.env_actor import ENV_STEP_TIMEOUT_S, EnvActor, run_actor
+from seedacme.actor.env_actor import EnvActor, run_actor
 from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
 from seedacme.nodes.central import CentralNode
@@ -93,8 +93,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
 
   def actor_node(name: str, **kwargs):
     kwargs.update(env_factory=env_factory, nice=config.acting_nice,
-                  env_step_timeout_s=getattr(config, 'env_step_timeout_s',
-                                             ENV_STEP_TIMEOUT_S))
+                  env_step_timeout_s=config.env_step_timeout_s)
     if config.inference == 'actor':
       # Acme's pattern: the actor runs its own policy copy (seedacme.actor.actor_side).
       kwargs.update(central=learner, replay_address=replay_node.reverb_address,

@@ -212,3 +212,22 @@ def test_the_summary_counts_env_faults(tmp_path):
   monitor.summarize(0, {}, StopReason(StopKind.STOP_REQUESTED), None)
   summary = read_summary(str(tmp_path))
   assert (summary['env_faults_raised'], summary['env_faults_hung']) == (1, 2)
+
+
+def test_the_program_gives_every_actor_the_configured_step_limit():
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.agents import vtrace  # pylint: disable=g-import-not-at-top
+  from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
+  factory = envs.make_factory('catch')
+  for supervise in (True, False):
+    config = ProgramConfig(num_actors=2, envs_per_actor=2, num_eval_envs=2,
+                           env_step_timeout_s=7.0, supervise=supervise)
+    program = program_lib.make_program(vtrace.VTraceBuilder(vtrace.VTraceConfig()), factory,
+                                       envs.env_spec_of(factory(0)), config)
+    nodes = program.groups['actor'] + program.groups['evaluator']
+    # PyNode (supervised) or PyClassNode (EnvActor itself): the kwargs the work gets.
+    kwargs = [getattr(n, '_func_kwargs', None) or n._kwargs for n in nodes]  # pylint: disable=protected-access
+    assert [k['env_step_timeout_s'] for k in kwargs] == [7.0] * 3
+  with pytest.raises(ValueError, match='env_step_timeout_s'):
+    ProgramConfig(env_step_timeout_s=0).validate()
