@@ -28,7 +28,7 @@ from absl import logging
 import numpy as np
 
 from seedacme.types import Mode
-from seedacme.wire import protocol, shm
+from seedacme.wire import courier_guard, protocol, shm
 
 TRANSPORTS = ('auto', 'courier', 'shm')
 _SLICE_S = 0.2  # waits are cut into slices so a stop request is seen at once
@@ -84,7 +84,9 @@ class RpcTransport:
       patience = _Patience(self._who, 'Courier')
       while True:
         try:
-          return future.result(timeout=_SLICE_S)
+          reply = future.result(timeout=_SLICE_S)
+          courier_guard.check(reply, f'{self._who}: the inference reply')
+          return reply
         except futures.TimeoutError:
           if self._stop.is_set():
             future.cancel()
@@ -225,6 +227,7 @@ class InferencePath:
     self._who = who
     self.current: RpcTransport | ShmTransport | None = None
     self.attaches = 0
+    courier_guard.install()  # replies rebuild no code (seedacme.wire.courier_guard)
 
   @property
   def name(self) -> str | None:
@@ -245,6 +248,7 @@ class InferencePath:
         while True:
           try:
             offer = future.result(timeout=_SLICE_S)
+            courier_guard.check(offer, f'{self._who}: the shared-memory offer')
             break
           except futures.TimeoutError:
             if self._stop.is_set():
@@ -253,6 +257,8 @@ class InferencePath:
         if offer is None or not offer.get('closing'):
           return offer
         self._stop.wait(1.0)  # the node is stopping: its successor, or our stop, comes
+      except courier_guard.RefusedPayloadError:
+        raise  # whoever answers is not our central node: retrying cannot help
       except Exception as e:  # pylint: disable=broad-except
         logging.info('%s: shared-memory offer not answered (%s); retrying in %.1fs',
                      self._who, str(e).strip().splitlines()[-1][:120], backoff)
