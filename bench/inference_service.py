@@ -111,8 +111,8 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
       def step(self, request):
         return server.step(request)
 
-      def shm_offer(self):
-        return shm_server.offer() if shm_server is not None else None
+      def shm_offer(self, pid=None):
+        return shm_server.offer(pid) if shm_server is not None else None
 
       def stats(self):
         s = server.batch_stats(reset=True)
@@ -136,7 +136,7 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
   if transport == 'shm':
     from seedacme.actor.transport import ShmTransport  # pylint: disable=g-import-not-at-top
     from seedacme.types import Mode  # pylint: disable=g-import-not-at-top
-    path = ShmTransport.attach(client.shm_offer(), first_env_id, k, threading.Event(),
+    path = ShmTransport.attach(client.shm_offer(os.getpid()), first_env_id, k, threading.Event(),
                                'bench client')
 
     class ShmClient:
