@@ -200,17 +200,17 @@ def test_cluster_dry_run_lists_every_replica_and_a_spec_to_fill_in(capsys):
 
 
 def test_cluster_dry_run_checks_the_spec_and_this_hosts_replicas(tmp_path, capsys):
-  spec = {'replay': ['gpu-host:7000'], 'learner': ['gpu-host:7001'],
-          'actor': ['cpu-host:7100', 'cpu-host:7101'], 'evaluator': ['cpu-host:7102']}
+  spec = {'replay': ['10.0.0.1:7000'], 'learner': ['10.0.0.1:7001'],
+          'actor': ['10.0.0.2:7100', '10.0.0.2:7101'], 'evaluator': ['10.0.0.2:7102']}
   spec_file = tmp_path / 'cluster.json'
   spec_file.write_text(json.dumps(spec))
   code, plan = _cluster_plan(capsys, '--cluster_spec', f'@{spec_file}', '--replicas',
                              'replay/0,learner/0', '--logdir', str(tmp_path / 'run'))
   assert code == 0 and plan['cluster_spec'] == spec and plan['logdir'] == str(tmp_path / 'run')
   assert {r['replica']: (r['address'], r['starts_here']) for r in plan['replicas']} == {
-      'replay/0': ('gpu-host:7000', True), 'learner/0': ('gpu-host:7001', True),
-      'actor/0': ('cpu-host:7100', False), 'actor/1': ('cpu-host:7101', False),
-      'evaluator/0': ('cpu-host:7102', False)}
+      'replay/0': ('10.0.0.1:7000', True), 'learner/0': ('10.0.0.1:7001', True),
+      'actor/0': ('10.0.0.2:7100', False), 'actor/1': ('10.0.0.2:7101', False),
+      'evaluator/0': ('10.0.0.2:7102', False)}
   for args, named in (
       (['--cluster_spec', json.dumps({'replay': ['a:1']})], 'addresses per pool'),
       (['--cluster_spec', json.dumps({**spec, 'replay': ['no-port']})], 'not host:port'),
