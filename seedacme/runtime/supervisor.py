@@ -219,7 +219,7 @@ class Supervisor:
           raise RuntimeError(
               f'{self._name}: {short_deaths} children in a row died within '
               f'{self._short_run_s:.0f}s of starting (the last, process {self.child.pid}, '
-              f'with exit code {code}; its error is logged above); not restarting it')
+              f'with {describe_exit(code)}; its error is logged above); not restarting it')
         now_s = time.monotonic()
         self._deaths.append(now_s)
         while self._deaths and self._deaths[0] < now_s - self._death_window_s:
