@@ -176,7 +176,7 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
                              stop_event: threading.Event | None = None,
                              **actor_kwargs) -> None:
   """Entry point of an actor process that runs its own policy copy (`inference='actor'`)."""
-  from seedacme.actor.env_actor import EnvActor  # pylint: disable=g-import-not-at-top
+  from seedacme.actor.env_actor import EnvActor, EnvFaultError, exit_for_env_fault  # pylint: disable=g-import-not-at-top
   if stop_event is None:
     stop_event = default_stop_event()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -190,12 +190,17 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
   inference = ActorSideInference(
       payload, replay_address, central, actor_kwargs['first_env_id'],
       actor_kwargs['num_envs'], actor_kwargs.get('mode', Mode.TRAIN), acting, stop_event)
+  fault = None
   try:
     EnvActor(inference=inference, acting=acting, stop_event=stop_event,
              **actor_kwargs).run()
+  except EnvFaultError as e:
+    fault = e
   finally:
     try:
       central.futures.report_acting(inference.take_report())
     except Exception:  # pylint: disable=broad-except
       pass
     inference.close()
+  if fault is not None:  # reported with the report above; restart on new seeds
+    exit_for_env_fault(fault)

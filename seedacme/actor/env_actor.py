@@ -332,8 +332,14 @@ def run_actor(stop_event: threading.Event, **kwargs) -> None:
   try:
     EnvActor(stop_event=stop_event, **kwargs).run()
   except EnvFaultError as e:
-    logging.error('Actor exits for a restart on new seeds: %s', e)
-    atexit._run_exitfuncs()  # pylint: disable=protected-access
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(supervisor.ENV_FAULT_EXIT_CODE)  # pylint: disable=protected-access
+    exit_for_env_fault(e)
+
+
+def exit_for_env_fault(error: 'EnvFaultError') -> None:
+  """Ends an actor process whose env faulted (reported already) with the supervisor's
+  env-fault exit code, so it restarts on new seeds."""
+  logging.error('Actor exits for a restart on new seeds: %s', error)
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(supervisor.ENV_FAULT_EXIT_CODE)  # pylint: disable=protected-access
