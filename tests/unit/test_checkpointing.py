@@ -94,8 +94,12 @@ CATCH = EnvSpec((10, 5), 'float32', 3)
 def _catch_learner(train=True, **config):
   """A real V-trace learner on Catch's spec, trained one step (so that its optimizer
   state, which Sonnet creates at the first update, is in its checkpoints) or fresh."""
+  # The LSTM as wide as the MLP's last layer: the heads' shapes agree whichever core,
+  # as with Catch's defaults (64 and 64), where expect_partial() restored the one into
+  # the other without a word.
+  config = {'hidden_sizes': (16,), 'lstm_size': 16, **config}
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(unroll_length=5, batch_size=4,
-                                                     lstm_size=8, **config))
+                                                     **config))
   network = builder.make_networks(CATCH)
   learner = vtrace.learning.VTraceLearner(network, builder.config, batches=None)
   rng = np.random.default_rng(0)
