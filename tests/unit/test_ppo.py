@@ -27,8 +27,10 @@ DISCRETE = EnvSpec((4,), 'float32', 3)
 CONTINUOUS = EnvSpec((5,), 'float32', 0, (2,), (-1.0, -2.0), (1.0, 0.5))
 
 
-def _batch(builder, spec, seed=0, step_type=None, reward=None, discount=None):
-  """A batch of `batch_size` unrolls shaped as the queue's items."""
+def _batch(builder, spec, seed=0, step_type=None, reward=None, discount=None,
+           observation_scale=(0.0, 1.0)):
+  """A batch of `batch_size` unrolls shaped as the queue's items (observations with
+  `observation_scale`'s mean and std)."""
   rng = np.random.default_rng(seed)
   signature = builder.item_signature(spec)
   b = builder.config.batch_size
@@ -46,6 +48,8 @@ def _batch(builder, spec, seed=0, step_type=None, reward=None, discount=None):
       return tf.constant(np.ones(shape, np.float32) if discount is None else discount)
     if s.dtype.is_integer:
       return tf.zeros(shape, s.dtype)
+    if name == 'observation':
+      return tf.constant(rng.normal(*observation_scale, size=shape).astype(np.float32))
     return tf.constant(rng.normal(size=shape).astype(s.dtype.as_numpy_dtype))
   return {k: (tf.nest.map_structure(lambda s: fill('state', s), v) if k == 'initial_state'
               else fill(k, v)) for k, v in signature.items()}
@@ -66,14 +70,67 @@ def test_minibatch_plan_uses_every_item_exactly_epochs_times():
     minibatch_plan(10, 1, 4, np.random.default_rng(0))
 
 
+class _SpyLearner(PPOLearner):
+  """Records what each gradient step gathered (inside the compiled step)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.gathered = []
+
+  def _minibatch(self, data, indices):
+    mb = super()._minibatch(data, indices)
+    state = tf.nest.flatten(mb['initial_state'])
+    def record(observation, log_prob, *state):
+      self.gathered.append((observation.numpy()[..., 0], log_prob.numpy(),
+                            state[0].numpy()[:, 0] if state else None))
+      return 0
+    tf.py_function(record, [mb['observation'], mb['behaviour_log_prob']] + state[:1],
+                   tf.int32)
+    return mb
+
+
 @pytest.mark.parametrize('core', ['feedforward', 'lstm'])
-def test_each_unroll_trains_exactly_epochs_times_per_step(core):
-  config = PPOConfig(core=core, unroll_length=6, batch_size=8, epochs=3, num_minibatches=4,
-                     hidden_sizes=(16,), lstm_size=8)
-  builder, _, learner = _learner(config)
-  metrics = learner.train_on(_batch(builder, DISCRETE))
-  np.testing.assert_allclose(learner.last_unroll_uses, np.full(8, 3.0))
-  assert np.isfinite(metrics['loss']) and learner.num_steps.numpy() == 1
+def test_each_transition_is_gathered_exactly_once_per_epoch(core):
+  """Transitions carry their (unroll, step) in the observation and the behaviour
+  log-prob, unrolls their index in the initial state: what the gradient steps
+  gathered is read back, not the plan."""
+  T, B, epochs, parts = 6, 8, 3, 4
+  config = PPOConfig(core=core, unroll_length=T, batch_size=B, epochs=epochs,
+                     num_minibatches=parts, hidden_sizes=(16,), lstm_size=8)
+  builder = PPOBuilder(config)
+  network = builder.make_networks(DISCRETE)
+  learner = _SpyLearner(network, config, None, builder.item_signature(DISCRETE))
+  batch = _batch(builder, DISCRETE)
+  ids = 100.0 * np.arange(B)[:, None] + np.arange(T + 1)[None]  # [B, T + 1]
+  observation = batch['observation'].numpy()
+  observation[..., 0] = ids
+  batch['observation'] = tf.constant(observation)
+  batch['log_prob'] = tf.constant(ids, tf.float32)
+  if core == 'lstm':
+    batch['initial_state'] = tf.nest.map_structure(
+        lambda s: tf.constant(np.broadcast_to(np.arange(B, dtype=np.float32)[:, None],
+                                              s.shape.as_list())), batch['initial_state'])
+  metrics = learner.train_on(batch)
+  assert np.isfinite(metrics['loss'])
+  assert len(learner.gathered) == epochs * parts
+  seen = []
+  for observation_ids, log_prob_ids, state_rows in learner.gathered:
+    np.testing.assert_array_equal(observation_ids, log_prob_ids)  # fields stay aligned
+    if core == 'lstm':  # whole unrolls, in time order, with their own initial state
+      assert observation_ids.shape == (T, B // parts)
+      unrolls = observation_ids[0] // 100
+      np.testing.assert_array_equal(observation_ids, 100 * unrolls + np.arange(T)[:, None])
+      np.testing.assert_array_equal(state_rows, unrolls)
+    else:
+      assert observation_ids.shape == (1, T * B // parts)
+    seen.append(np.sort(observation_ids.ravel()))
+  every = np.sort(ids[:, :T].ravel())  # never the bootstrap step
+  for epoch in range(epochs):
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen[epoch * parts:
+                                                              (epoch + 1) * parts])), every)
+  assert any((a != b).any() for a, b in zip(seen[:parts], seen[parts:2 * parts]))  # shuffled
+  np.testing.assert_allclose(learner.last_unroll_uses, np.full(B, float(epochs)))
+  assert learner.num_steps.numpy() == 1
 
 
 def test_the_policy_stamps_the_learner_step_and_the_lag_is_measured():
@@ -111,16 +168,34 @@ def test_normalizer_is_shared_reaches_actor_side_copies_and_checkpoints(tmp_path
   builder, network, learner = _learner(config, CONTINUOUS)
   policy = builder.make_policy(network, CONTINUOUS, 4, 4)
   for step in range(3):
-    learner.train_on(_batch(builder, CONTINUOUS, seed=step))
+    learner.train_on(_batch(builder, CONTINUOUS, seed=step, observation_scale=(1.5, 2.0)))
   stats = network.normalizer
   assert stats.count.numpy() == 3 * 4 * 5  # T transitions of every unroll, per step
+  assert np.abs(stats.mean.numpy()).max() > 0.5  # a probe's normalized input differs
   probe = np.full((1, 5), 2.0, np.float32)
-  # Inference reads the learner's variables: the normalized input differs from the raw.
-  np.testing.assert_allclose(stats(tf.constant(probe)).numpy(),
-                             (probe - stats.mean.numpy()) / np.sqrt(stats.var.numpy() + 1e-8),
-                             rtol=1e-5)
-  assert policy.step(np.arange(1), probe, np.ones(1, bool), np.ones(1, bool)).action.shape \
-      == (1, 2)
+
+  def served_and_expected():
+    """What the policy serves for `probe` (greedy), and what the network gives for the
+    probe normalized here by hand with the statistics' current values, and raw."""
+    out = policy.step(np.arange(1), probe, np.ones(1, bool), np.ones(1, bool))
+    by_hand = (probe - stats.mean.numpy()) / np.sqrt(stats.var.numpy() + 1e-8)
+    heads = lambda x: network._feed_forward(tf.constant(x, tf.float32))  # noqa: E731
+    (params, value), (raw_params, raw_value) = heads(by_hand), heads(probe)
+    mode = lambda p: network.head.to_env(network.head.mode(p)).numpy()  # noqa: E731
+    return (out.action, out.extras['value']), (mode(params), value.numpy()), \
+        (mode(raw_params), raw_value.numpy())
+
+  # Inference reads the learner's variables: what it serves is the network on the input
+  # normalized with the statistics as they are now, not on the raw input.
+  for step in range(2):
+    served, expected, raw = served_and_expected()
+    for got, want, unnormalized in zip(served, expected, raw):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+      assert np.abs(got - unnormalized).max() > 1e-3
+    if step == 0:  # the statistics move with the next learner step; inference follows
+      mean_before = stats.mean.numpy().copy()
+      learner.train_on(_batch(builder, CONTINUOUS, seed=7, observation_scale=(4.0, 3.0)))
+      assert np.abs(stats.mean.numpy() - mean_before).max() > 0.1
   # Actor-side inference copies `policy_network(...).variables`: statistics included.
   copy = builder.make_networks(CONTINUOUS)
   for mine, theirs in zip(builder.policy_network(copy).variables,
@@ -129,7 +204,7 @@ def test_normalizer_is_shared_reaches_actor_side_copies_and_checkpoints(tmp_path
   np.testing.assert_array_equal(copy.normalizer.mean.numpy(), stats.mean.numpy())
   # A checkpoint brings them back into a fresh learner.
   Checkpointer(str(tmp_path), learner.checkpoint_state(), 1).save(
-      {'learner_steps': 3, 'env_steps': 0, 'episodes': 0})
+      {'learner_steps': 4, 'env_steps': 0, 'episodes': 0})
   _, fresh, fresh_learner = _learner(config, CONTINUOUS)
   Checkpointer(str(tmp_path), fresh_learner.checkpoint_state(), 1).restore()
   for name in ('count', 'mean', 'var'):
