@@ -10,6 +10,14 @@ Episode ends map to dm_env's conventions: `terminated` (Hopper falls) gives a LA
 with discount 0; `truncated` (the time limit, 1000 steps for MuJoCo tasks) gives a LAST
 step with discount 1, so learners bootstrap from the value of the final observation.
 SEED RL's own MuJoCo wrapper treated time limits as terminations; here they are not.
+
+`random_first_episode` (off by default) truncates an env's first episode at a length
+drawn uniformly from 1 .. the time limit, from the env's seed. Envs that are stepped in
+lockstep and never terminate (HalfCheetah) otherwise stay at the same step of their
+episodes forever, and every unroll of a learner batch covers the same phase; one short
+first episode each spreads their phases over the whole episode for the rest of the run
+(Isaac Gym's environments randomize their first episode's progress alike). The cut is
+a truncation (discount 1): learners bootstrap through it.
 """
 
 import dm_env
@@ -22,7 +30,8 @@ class GymnasiumEnv(dm_env.Environment):
   """Wraps a gymnasium env with a `Discrete` or float `Box` action space and a `Box`
   observation space."""
 
-  def __init__(self, env: gymnasium.Env, seed: int | None = None):
+  def __init__(self, env: gymnasium.Env, seed: int | None = None,
+               random_first_episode: bool = False):
     space = env.action_space
     self._continuous = isinstance(space, gymnasium.spaces.Box)
     if self._continuous and not np.issubdtype(space.dtype, np.floating):
@@ -36,6 +45,12 @@ class GymnasiumEnv(dm_env.Environment):
     self._dtype = (np.float32 if np.issubdtype(env.observation_space.dtype, np.floating)
                    else env.observation_space.dtype)
     self._needs_reset = True
+    self._steps_left: int | None = None  # until the first episode's cut, if any
+    if random_first_episode:
+      limit = env.spec.max_episode_steps if env.spec is not None else None
+      if not limit:
+        raise ValueError('random_first_episode needs a time limit (max_episode_steps)')
+      self._steps_left = int(np.random.default_rng(seed).integers(1, limit + 1))
 
   def reset(self) -> dm_env.TimeStep:
     obs, _ = self._env.reset(seed=self._seed)
@@ -50,11 +65,15 @@ class GymnasiumEnv(dm_env.Environment):
     obs, reward, terminated, truncated, _ = self._env.step(action)
     obs = np.asarray(obs, dtype=self._dtype)
     reward = float(reward)
-    if terminated:
+    if self._steps_left is not None:
+      self._steps_left -= 1
+      truncated = truncated or self._steps_left == 0
+    if terminated or truncated:
       self._needs_reset = True
+      self._steps_left = None  # the first episode is over: later ones run whole
+    if terminated:
       return dm_env.termination(reward, obs)
     if truncated:
-      self._needs_reset = True
       return dm_env.truncation(reward, obs)
     return dm_env.transition(reward, obs)
 
@@ -86,6 +105,8 @@ class GymnasiumEnv(dm_env.Environment):
     self._env.close()
 
 
-def make_gymnasium(env_id: str, seed: int, **make_kwargs) -> GymnasiumEnv:
+def make_gymnasium(env_id: str, seed: int, random_first_episode: bool = False,
+                   **make_kwargs) -> GymnasiumEnv:
   """`gymnasium.make(env_id, **make_kwargs)` as a dm_env environment."""
-  return GymnasiumEnv(gymnasium.make(env_id, **make_kwargs), seed=seed)
+  return GymnasiumEnv(gymnasium.make(env_id, **make_kwargs), seed=seed,
+                      random_first_episode=random_first_episode)

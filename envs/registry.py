@@ -26,11 +26,15 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
 
 
 def _make_mujoco(seed: int, level: str = 'HalfCheetah-v5',
-                 max_episode_steps: int | None = None) -> dm_env.Environment:
-  """A gymnasium MuJoCo task; `max_episode_steps=None` keeps gymnasium's (1000)."""
+                 max_episode_steps: int | None = None,
+                 random_first_episode: bool = False) -> dm_env.Environment:
+  """A gymnasium MuJoCo task; `max_episode_steps=None` keeps gymnasium's (1000).
+  `random_first_episode`: the first episode cut at a random length (envs/gym_adapter.py:
+  decorrelates lockstepped envs' episode phases)."""
   import gymnasium
   from seedacme.envs import gym_adapter
   kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+  kwargs['random_first_episode'] = random_first_episode
   try:
     return gym_adapter.make_gymnasium(level, seed, **kwargs)
   except gymnasium.error.Error as e:  # an unknown id, or mujoco not installed
