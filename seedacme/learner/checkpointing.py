@@ -126,7 +126,8 @@ class Checkpointer:
     """Restores the latest checkpoint; returns its counters (None: fresh start).
 
     Raises `RunConfigMismatchError` (another run's config) or `CheckpointMismatchError`
-    (objects that do not match) before changing any variable."""
+    (objects that do not match: found before any variable changes; a shape that
+    differs, while restoring). Both are fatal: the program stops, unrestarted."""
     path = self._manager.latest_checkpoint
     if path is None:
       return None
