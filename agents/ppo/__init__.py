@@ -2,7 +2,8 @@
 
 Files follow the data flow: `config`, `networks` (normalized observation -> torso(s)
 -> the shared action head and a value), `acting` (the batched server-side policy),
-`losses` (GAE, V-trace advantages and the clipped surrogate, as pure functions),
+`losses` (GAE, V-trace advantages, the clipped surrogate and its decoupled form, the
+reward normalizer's running return, as pure functions),
 `learning` (epochs of minibatches over each batch off the Reverb queue), `builder`.
 """
 

@@ -1,11 +1,13 @@
-"""PPO's learner and policy on the SEED core (the losses: tests/unit/test_ppo_losses.py).
+"""PPO's learner and policy on the SEED core (the losses: tests/unit/test_ppo_losses.py;
+stale data and the normalizers' statistics: test_ppo_async.py).
 
-Each unroll trains exactly `epochs` times per learner step (transitions shuffled for a
-feed-forward core, whole unrolls for an LSTM); the observation normalizer's statistics
-are the same variables for inference and learner, reach an actor-side copy, and come
-back from a checkpoint; a time-limit truncation bootstraps through the learner; a NaN
-loss raises `DivergedError` before anything is applied; a policy whose actions leave
-the bounds stops the run as 'diverged'; and returns rise on CartPole.
+Each transition is gathered by the gradient steps exactly once per epoch (read back
+from inside the compiled step: transitions shuffled for a feed-forward core, whole
+unrolls with their state for an LSTM); the policy serves the network on inputs
+normalized with the learner's current statistics, which reach an actor-side copy and
+come back from a checkpoint; a time-limit truncation bootstraps through the learner; a
+NaN loss raises `DivergedError` before anything is applied; a policy whose actions
+leave the bounds stops the run as 'diverged'; and returns rise on CartPole.
 """
 
 import json
