@@ -15,6 +15,10 @@ again whenever the server goes away:
 
 `ProgramConfig.transport`: 'auto' (shared memory when offered here), 'courier' (the
 comparison), 'shm' (shared memory or fail at attach). The actor's loop never knows.
+
+Why ~320 lines: three ways to the server (Courier, shared memory, the choice and re-
+attach between them) share one retry and patience policy; the shared-memory attach
+(offer for this pid, ticket, fallback) is most of it.
 """
 
 import os

@@ -21,6 +21,10 @@ learner), it ends in `finish(reason)`, the one end of a run: the learner stops, 
 summary is written once, the last checkpoint and the policy export are saved, and the
 node stops. Inference and learning use the same network objects, so inference always
 runs the latest parameters and no parameters cross the network.
+
+Why ~320 lines: the node composes parts that live elsewhere, but its start-up
+(placement, restore and the run-config check) and its one end (`finish`) are ordered
+steps that read best in one place.
 """
 
 import os

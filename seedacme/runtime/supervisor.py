@@ -29,6 +29,10 @@ need: it has read its target and imported the listed modules, and waits for one 
 on stdin before running. When the working child dies, the standby runs at once and a
 new one is started behind it. A replay restart cost ~5 s of importing Reverb and
 TensorFlow before the new server could bind its port (README, "Fault table").
+
+Why ~320 lines: the restart policy (backoff, the fast and the windowed give-up rules,
+named exit reasons), the standby child and the child entry point are one state machine
+over one child process; split, each part would need the others' state.
 """
 
 import atexit

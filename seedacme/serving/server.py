@@ -16,6 +16,9 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
 6. returns each caller its slice of the actions.
 Actions no env may take (`InvalidActionError`) fail the run, not a caller: every caller
 gets `shutting_down` from then on, and `policy_error` becomes the run's stop reason.
+
+Why ~300 lines: the batch step's six stages (above) and its refusal paths are one
+pipeline over one batcher.
 """
 
 from typing import Any, Dict, List, Sequence, Tuple

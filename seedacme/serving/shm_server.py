@@ -34,6 +34,12 @@ kernel frees the memory when the actor's mapping is gone too); its restarted pro
 attaches again with a new run id. When this server closes (the node stops or dies),
 every actor reads end-of-file and re-attaches through Courier to the next central
 process, whose `generation` differs.
+
+Why ~530 lines: it is a small server that must survive hostile local peers: peer
+credentials and per-pid offers, a capped accept path with one deadline per hello and
+back-off on EMFILE, non-blocking wake-ups that detach a deaf peer, and the serving loop
+that fails a batch, never itself. Each part is short; they share the slot table and its
+lock.
 """
 
 import collections
@@ -92,7 +98,7 @@ class _Throttled:
     logging.warning(fmt + (f' ({held} more like it not logged)' if held else ''), *args)
 
 
-class _Offers:
+class Offers:
   """Attach tickets handed out over Courier, each bound to the pid that asked for it;
   one use, expiring. Not thread-safe: the server's lock guards it."""
 
@@ -162,7 +168,7 @@ class ShmServer:
     self._lock = threading.Condition()
     self._attached: Dict[Tuple[int, int], _Slot | None] = {}  # None: being attached
     self._new_slots: collections.deque = collections.deque()
-    self._offers = _Offers()
+    self._offers = Offers()
     self._hellos = 0  # hellos being read (attach threads)
     self._closed = False
     self._refusals = _Throttled()

@@ -47,6 +47,9 @@ segment's file descriptor. Then per request the actor writes the segment and sen
 `REQUEST`; the server copies the request out of the segment (what it validates and
 serves is private: the actor can write its segment at any time), serves it, writes the
 reply and sends `REPLY`.
+
+Why ~330 lines: the segment layout, the private copy of a request, the attach messages
+and descriptor passing are one wire format, read by both sides.
 """
 
 import dataclasses

@@ -31,7 +31,8 @@ def _wait_for_log(run: Run, node: str, text: str, timeout: float = 60) -> None:
 
 
 def _restarted_once(run: Run, node: str, victim: int) -> bool:
-  return f'child {victim} died (exit code -9); restart #1' in run.node_log(node)
+  return re.search(rf'child {victim} died \(exit code -9\)( after \d+s)?; restart #1',
+                   run.node_log(node)) is not None
 
 
 @pytest.mark.timeout(360)

@@ -571,7 +571,7 @@ def test_accept_survives_running_out_of_file_descriptors(serving, caplog):
 
 
 def test_offers_are_bound_to_their_pid_used_once_bounded_and_expire(monkeypatch):
-  offers = shm_server_lib._Offers()  # pylint: disable=protected-access
+  offers = shm_server_lib.Offers()
   tickets = [offers.issue(100) for _ in range(shm_server_lib.MAX_OFFERS_PER_PID + 2)]
   assert offers.admits(100) and not offers.admits(101)
   assert not offers.redeem(100, tickets[0])  # the oldest went past the per-pid bound
@@ -581,7 +581,7 @@ def test_offers_are_bound_to_their_pid_used_once_bounded_and_expire(monkeypatch)
     offers.issue(pid)
   assert not offers.redeem(100, tickets[-2])  # the table's bound drops the oldest
   monkeypatch.setattr(shm_server_lib, 'OFFER_TTL_S', 0.01)
-  offers = shm_server_lib._Offers()  # pylint: disable=protected-access
+  offers = shm_server_lib.Offers()
   ticket = offers.issue(5)
   time.sleep(0.02)
   assert not offers.admits(5) and not offers.redeem(5, ticket)
