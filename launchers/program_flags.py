@@ -116,6 +116,12 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       help='replay and central nodes keep a standby process with Reverb/TF '
                       'imported that takes over at once when theirs dies (one more '
                       'process each, ~450 MB for the central one)')
+  parser.add_argument('--env_step_timeout_s', type=float, default=60.0,
+                      help="an env step or reset that takes longer is a hung env: "
+                      "reported, its actor restarted (0: no watchdog)")
+  parser.add_argument('--max_abs_reward', type=float, default=None,
+                      help="the largest |reward| a request may carry, past which the "
+                      "server refuses it by name (default: the env's bound, 1e6)")
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
@@ -193,6 +199,8 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       learner_devices=args.learner_devices, logical_cpus=args.logical_cpus,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
       acting_nice=args.acting_nice, accelerator=accelerator, env_name=args.env,
+      env_step_timeout_s=args.env_step_timeout_s or None,
+      max_abs_reward=args.max_abs_reward,
       env_args=env_args, allow_config_change=tuple(
           f.strip() for item in getattr(args, 'allow_config_change', []) for f in
           item.split(',') if f.strip()))

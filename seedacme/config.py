@@ -78,6 +78,9 @@ class ProgramConfig:
       after this long is a hung env: reported, and its actor restarted (None: no
       watchdog). 60 s is far above any step or reset seen (seconds for a DeepMind Lab
       or Football reset, stretched by a loaded machine): `seedacme.actor.env_actor`.
+    max_abs_reward: the largest |reward| a request may carry; past it the server
+      refuses the request by name (None: the env spec's bound, `EnvSpec.max_abs_reward`,
+      1e6 unless the env says otherwise).
   """
   num_actors: int = 2
   envs_per_actor: int = 16
@@ -110,6 +113,7 @@ class ProgramConfig:
   logical_cpus: int = 0
   acting_nice: int = 0
   env_step_timeout_s: float | None = 60.0
+  max_abs_reward: float | None = None
   env_name: str | None = None
   env_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
   allow_config_change: Tuple[str, ...] = ()
@@ -171,6 +175,8 @@ class ProgramConfig:
           f"transport must be 'auto', 'courier' or 'shm', got {self.transport!r}")
     if not 0 <= self.acting_nice <= 19:
       raise ValueError(f'acting_nice must be in 0..19, got {self.acting_nice}')
+    if self.max_abs_reward is not None and not self.max_abs_reward > 0:
+      raise ValueError(f'max_abs_reward must be > 0 or None, got {self.max_abs_reward}')
     if self.env_step_timeout_s is not None and self.env_step_timeout_s <= 0:
       raise ValueError(f'env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}')
     if self.num_eval_envs < 0:

@@ -27,6 +27,7 @@ Why ~320 lines: the node composes parts that live elsewhere, but its start-up
 steps that read best in one place.
 """
 
+import dataclasses
 import os
 import threading
 import time
@@ -96,6 +97,8 @@ class CentralNode:
     self._config = config
     self._stop_program = stop_program
     self._stop = stop_event
+    if config.max_abs_reward is not None:  # the config's bound over the env's
+      spec = dataclasses.replace(spec, max_abs_reward=config.max_abs_reward)
     self._spec = spec
     split_cpu(config.logical_cpus)  # before TF lists its devices
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
