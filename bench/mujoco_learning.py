@@ -184,7 +184,9 @@ def main() -> int:
   parser.add_argument('--actors', type=int, default=2)
   parser.add_argument('--envs_per_actor', type=int, default=8)
   parser.add_argument('--cap_s', type=float, default=1800.0,
-                      help='wall-clock cap per run (per launch when resumed)')
+                      help="the run's time budget (--max_seconds), which counts over "
+                      'every start of the run: a resumed run needs its total, not what is '
+                      'left; also the wall-clock cap of each launch')
   parser.add_argument('--agent_config', action='append', default=[], metavar='FIELD=VALUE')
   parser.add_argument('--out', default='mujoco_learning', help='name of the outputs')
   parser.add_argument('--smoke', action='store_true', help='one 30k-step run, 60 s cap')
