@@ -329,7 +329,8 @@ def test_r2d2_priority_updates_to_a_stopped_server_time_out_one_call_at_a_time(
       writer.create_item('p', 1.0, {'x': writer.history['x'][-1]})
     writer.flush(timeout_ms=10_000)
     writer.close()
-    keys = np.array([s[0].info.key for s in client.sample('p', num_samples=3)])
+    keys = np.array([s[0].info.key for s in client.sample('p', num_samples=3)],
+                    dtype=np.uint64)  # keys above 2**63 made a float64 array
     learner = _r2d2_learner(client, table='p', priority_timeout_s=1.0)
     learner._write_priorities(keys, np.array([0.5, 0.6, 0.7]))  # pylint: disable=protected-access
     assert (learner.priority_updates, learner.priority_updates_lost) == (3, 0)
