@@ -10,32 +10,17 @@ reset the rate window and a second summary overwrote the first).
 import os
 import threading
 
-import numpy as np
 import pytest
 import reverb
 
 from seedacme import envs
-from seedacme.actor.engines import BatchedEnv
 from seedacme.agents import vtrace
 from seedacme.config import ProgramConfig
 from seedacme.learner.checkpointing import Checkpointer
 from seedacme.nodes.central import CentralNode
 from seedacme.run.logdir import read_progress, read_summary
 from seedacme.run.monitor import StopKind, StopReason
-from seedacme.wire.protocol import make_request
-
-
-def _act(central, factory, first_env_id, num_envs, stop):
-  """An env-only actor in a thread, until the node stops serving."""
-  env = BatchedEnv(factory, num_envs, seed=first_env_id)
-  ids = np.arange(first_env_id, first_env_id + num_envs)
-  ts = env.reset()
-  while not stop.is_set():
-    reply = central.step(make_request(ids, np.full(num_envs, 1), ts.observation, ts.reward,
-                                      ts.discount, ts.step_type))
-    if 'shutting_down' in reply:
-      return
-    ts = env.step(reply['action'])
+from tests.unit.central_stand_ins import act
 
 
 @pytest.mark.timeout(120)
@@ -55,7 +40,7 @@ def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summari
   client = reverb.Client(f'localhost:{server.port}')
   central = CentralNode(builder, spec, config, client,
                         stop_program=None, stop_event=stop)
-  actors = [threading.Thread(target=_act, args=(central, factory, 4 * i, 4, stop),
+  actors = [threading.Thread(target=act, args=(central, factory, 4 * i, 4, stop),
                              daemon=True) for i in range(2)]
   try:
     for a in actors:

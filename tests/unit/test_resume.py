@@ -11,7 +11,6 @@ import json
 import os
 import threading
 
-import numpy as np
 import pytest
 import reverb
 
@@ -21,24 +20,10 @@ from seedacme.config import ProgramConfig
 from seedacme.nodes.central import CentralNode
 from seedacme.run.logdir import read_events
 from seedacme.run.monitor import StopKind
-from seedacme.actor.engines import BatchedEnv
-from seedacme.wire.protocol import make_request
+from tests.unit.central_stand_ins import act
 
 FACTORY = envs.make_factory('catch')
 SPEC = envs.env_spec_of(FACTORY(0))
-
-
-def _act(central, first_env_id, num_envs, stop):
-  """An env-only actor in a thread, until the node stops serving."""
-  env = BatchedEnv(FACTORY, num_envs, seed=first_env_id)
-  ids = np.arange(first_env_id, first_env_id + num_envs)
-  ts = env.reset()
-  while not stop.is_set():
-    reply = central.step(make_request(ids, np.full(num_envs, 1), ts.observation, ts.reward,
-                                      ts.discount, ts.step_type))
-    if 'shutting_down' in reply:
-      return
-    ts = env.step(reply['action'])
 
 
 def _agent(**overrides):
@@ -71,7 +56,7 @@ class _Node:
 
   def train(self):
     """Runs the node with two in-process actors until its budget."""
-    actors = [threading.Thread(target=_act, args=(self.central, 4 * i, 4, self.stop),
+    actors = [threading.Thread(target=act, args=(self.central, FACTORY, 4 * i, 4, self.stop),
                                daemon=True) for i in range(2)]
     for a in actors:
       a.start()

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from seedacme.serving.shm_server import ShmServer
 from seedacme.types import FIRST, MID, EnvSpec, Mode
 from seedacme.wire import shm
 from seedacme.wire.protocol import InvalidRequestError
+from tests.unit.central_stand_ins import InProcessClient
 
 SPEC = EnvSpec((3,), 'float32', 5)
 NUM_ENVS = 8
@@ -37,28 +37,6 @@ class _ObsPolicy(StatelessPolicy):
   def act(self, observation, eval_mask, env_ids):
     action = np.where(eval_mask, 0, np.rint(observation[:, 0]) + 1).astype(np.int32)
     return PolicyStep(action, {}, ())
-
-
-class _Client:
-  """The central node's Courier surface, in-process: `step` and `shm_offer`."""
-
-  def __init__(self, server, shm_server):
-    self.futures = self
-    self.server, self.shm_server = server, shm_server
-    self.rpc_steps = 0
-
-  @staticmethod
-  def _done(value):
-    future = futures.Future()
-    future.set_result(value)
-    return future
-
-  def step(self, request):
-    self.rpc_steps += 1
-    return self._done(self.server.step(request))
-
-  def shm_offer(self, pid=None):
-    return self._done(self.shm_server.offer(pid) if self.shm_server else None)
 
 
 @pytest.fixture(name='serving')
@@ -93,7 +71,7 @@ def _memfds():
 @pytest.mark.timeout(60)
 def test_requests_travel_through_shared_memory_and_are_served_and_counted(serving):
   server, shm_server, log = serving
-  client = _Client(server, shm_server)
+  client = InProcessClient(server, shm_server)
   path = InferencePath(client, 4, 4, threading.Event(), 'auto', 'actor 1')
   try:
     reply = path.step(*_fields([4, 5, 6, 7], 2.0, FIRST), Mode.TRAIN)
@@ -113,22 +91,22 @@ def test_requests_travel_through_shared_memory_and_are_served_and_counted(servin
 @pytest.mark.timeout(60)
 def test_courier_is_used_when_forced_or_not_offered(serving):
   server, shm_server, _ = serving
-  forced = InferencePath(_Client(server, shm_server), 0, 2, threading.Event(), 'courier')
-  not_offered = InferencePath(_Client(server, None), 2, 2, threading.Event(), 'auto')
+  forced = InferencePath(InProcessClient(server, shm_server), 0, 2, threading.Event(), 'courier')
+  not_offered = InferencePath(InProcessClient(server, None), 2, 2, threading.Event(), 'auto')
   for path, ids in ((forced, [0, 1]), (not_offered, [2, 3])):
     reply = path.step(*_fields(ids, 1.0, FIRST), Mode.TRAIN)
     assert path.name == 'courier'
     np.testing.assert_array_equal(reply['action'], [2, 2])
   with pytest.raises(RuntimeError, match='offers no shared memory'):
-    InferencePath(_Client(server, None), 4, 2, threading.Event(), 'shm').step(
+    InferencePath(InProcessClient(server, None), 4, 2, threading.Event(), 'shm').step(
         *_fields([4, 5]), Mode.TRAIN)
 
 
 @pytest.mark.timeout(60)
 def test_bad_data_in_a_slot_is_refused_by_name_to_that_actor_only(serving):
   server, shm_server, _ = serving
-  good = InferencePath(_Client(server, shm_server), 0, 4, threading.Event(), 'shm')
-  bad = InferencePath(_Client(server, shm_server), 4, 4, threading.Event(), 'shm')
+  good = InferencePath(InProcessClient(server, shm_server), 0, 4, threading.Event(), 'shm')
+  bad = InferencePath(InProcessClient(server, shm_server), 4, 4, threading.Event(), 'shm')
   try:
     good.step(*_fields([0, 1, 2, 3], 1.0, FIRST), Mode.TRAIN)
     bad.step(*_fields([4, 5, 6, 7], 1.0, FIRST), Mode.TRAIN)
@@ -204,7 +182,7 @@ def test_a_killed_actor_leaves_no_stuck_slot_and_its_replacement_attaches(servin
     if proc.poll() is None:
       proc.kill()
       proc.wait()
-  replacement = InferencePath(_Client(server, shm_server), 0, 2, threading.Event(), 'shm')
+  replacement = InferencePath(InProcessClient(server, shm_server), 0, 2, threading.Event(), 'shm')
   try:
     reply = replacement.step(*_fields([0, 1], 1.0, FIRST), Mode.TRAIN)
     np.testing.assert_array_equal(reply['action'], [2, 2])
@@ -220,7 +198,7 @@ def test_a_restarted_server_makes_actors_attach_again_without_hanging():
     server = InferenceServer(_ObsPolicy(NUM_ENVS), SPEC, NUM_ENVS, None, max_batch_envs=1,
                              batch_timeout_s=0.0, acting=log)
     first = ShmServer(server, SPEC, NUM_ENVS)
-    client = _Client(server, first)
+    client = InProcessClient(server, first)
     path = InferencePath(client, 0, 2, threading.Event(), 'shm')
     path.step(*_fields([0, 1], 1.0, FIRST), Mode.TRAIN)
     first_generation = path.current.segment.layout.generation
@@ -259,7 +237,7 @@ def test_a_stopping_actor_does_not_wait_for_a_busy_server(serving):
 def test_segments_leave_nothing_in_dev_shm(serving):
   server, shm_server, _ = serving
   before = set(os.listdir('/dev/shm'))
-  path = InferencePath(_Client(server, shm_server), 0, 4, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 4, threading.Event(), 'shm')
   path.step(*_fields([0, 1, 2, 3], 1.0, FIRST), Mode.TRAIN)
   assert set(os.listdir('/dev/shm')) == before  # memfd: no name anywhere
   assert _memfds()  # ... but the segment is mapped here now

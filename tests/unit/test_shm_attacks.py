@@ -29,6 +29,7 @@ from seedacme.serving.policy import PolicyStep, StatelessPolicy
 from seedacme.serving.server import InferenceServer
 from seedacme.serving.shm_server import ShmServer
 from seedacme.types import FIRST, MID, EnvSpec, InvalidActionError, Mode
+from tests.unit.central_stand_ins import InProcessClient
 
 SPEC = EnvSpec((3,), 'float32', 5)
 NUM_ENVS = 8
@@ -49,26 +50,6 @@ class _RecordingPolicy(StatelessPolicy):
       error, self.fail = self.fail, None
       raise error
     return PolicyStep(np.rint(observation[:, 0]).astype(np.int32) + 1, {}, ())
-
-
-class _Client:
-  """The central node's Courier surface, in-process: `step` and `shm_offer(pid)`."""
-
-  def __init__(self, server, shm_server):
-    self.futures = self
-    self.server, self.shm_server = server, shm_server
-
-  @staticmethod
-  def _done(value):
-    future = futures.Future()
-    future.set_result(value)
-    return future
-
-  def step(self, request):
-    return self._done(self.server.step(request))
-
-  def shm_offer(self, pid=None):
-    return self._done(self.shm_server.offer(pid))
 
 
 class _Sink:
@@ -203,7 +184,7 @@ def test_a_stranger_that_finds_the_socket_cannot_take_env_slots(serving, process
   assert answer.startswith('refused: no shared-memory offer is outstanding for pid '
                            f'{stranger.pid}'), answer
   # The run's own actor still gets all 8 envs through shared memory.
-  path = InferencePath(_Client(server, shm_server), 0, 8, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 8, threading.Event(), 'shm')
   try:
     reply = _step_bounded(path, list(range(8)), 2.0, 10, FIRST)
     assert reply is not None and path.name == 'shm'
@@ -306,7 +287,7 @@ def test_a_request_rewritten_after_validation_is_served_as_validated(serving, pr
   np.testing.assert_array_equal(observation, np.ones((2, 3), np.float32))
   np.testing.assert_array_equal(sink.rewards[0], [0, 0])
   # ... and serving goes on for everyone.
-  path = InferencePath(_Client(server, shm_server), 4, 4, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 4, 4, threading.Event(), 'shm')
   try:
     reply = _step_bounded(path, [4, 5, 6, 7], 1.0, 10, FIRST)
     assert reply is not None
@@ -322,8 +303,8 @@ def test_a_request_rewritten_after_validation_is_served_as_validated(serving, pr
 def test_a_failing_batch_fails_its_callers_by_name_and_serving_goes_on(serving, caplog,
                                                                        where):
   server, shm_server, policy, sink = serving
-  path = InferencePath(_Client(server, shm_server), 0, 4, threading.Event(), 'shm')
-  other = InferencePath(_Client(server, shm_server), 4, 4, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 4, threading.Event(), 'shm')
+  other = InferencePath(InProcessClient(server, shm_server), 4, 4, threading.Event(), 'shm')
   try:
     assert _step_bounded(path, [0, 1, 2, 3], 1.0, 10, FIRST) is not None
     (policy if where == 'policy' else sink).fail = MemoryError('simulated out of memory')
@@ -349,7 +330,7 @@ def test_actions_no_env_may_take_stop_the_run_as_on_courier(serving):
   `policy_error` names it (the central node stops the run as diverged); the loop
   still answers."""
   server, shm_server, policy, _ = serving
-  path = InferencePath(_Client(server, shm_server), 0, 2, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 2, threading.Event(), 'shm')
   try:
     policy.fail = InvalidActionError('action 7 outside [0, 5)')
     reply = _step_bounded(path, [0, 1], 1.0, 10, FIRST)
@@ -368,7 +349,7 @@ def test_actions_no_env_may_take_in_a_merged_batch_reach_every_caller():
   server = InferenceServer(policy, SPEC, NUM_ENVS, None, max_batch_envs=8,
                            batch_timeout_s=1.0)  # the loop waits for both
   shm_server = ShmServer(server, SPEC, NUM_ENVS)
-  paths = {first: InferencePath(_Client(server, shm_server), first, 4, threading.Event(),
+  paths = {first: InferencePath(InProcessClient(server, shm_server), first, 4, threading.Event(),
                                  'shm') for first in (0, 4)}
   try:
     policy.fail = InvalidActionError('action 7 outside [0, 5)')
@@ -430,7 +411,7 @@ def test_an_actor_that_never_reads_its_wake_ups_is_detached_and_others_are_serve
   assert kind in ('detached', 'stalled') and int(served) > 100, outcome
   assert 'stopped reading its wake-ups' in caplog.text
   # The loop never blocked on it: everyone else is served at once.
-  path = InferencePath(_Client(server, shm_server), 4, 4, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 4, 4, threading.Event(), 'shm')
   try:
     started = time.monotonic()
     for value in range(20):
@@ -489,7 +470,7 @@ def test_a_connection_flood_from_a_stranger_costs_no_threads(serving, processes)
   flood.send('go')
   assert flood.line().startswith('connected')
   most = 0
-  path = InferencePath(_Client(server, shm_server), 0, 8, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 8, threading.Event(), 'shm')
   try:
     reply = _step_bounded(path, list(range(8)), 1.0, 10, FIRST)  # attaches meanwhile
     assert reply is not None and path.name == 'shm'
@@ -531,7 +512,7 @@ def test_hellos_read_at_once_are_capped(serving, processes, monkeypatch):
   assert most <= 2
   flood.line()
   flood.proc.kill()  # its connections close; serving goes on
-  path = InferencePath(_Client(server, shm_server), 0, 2, threading.Event(), 'shm')
+  path = InferencePath(InProcessClient(server, shm_server), 0, 2, threading.Event(), 'shm')
   try:
     assert _step_bounded(path, [0, 1], 1.0, 15, FIRST) is not None
   finally:
