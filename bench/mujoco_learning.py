@@ -10,7 +10,7 @@ bench/results/mujoco/<out>/<task>_<agent>_s<seed>/. Resumable: a run whose summa
 reached the env-step budget (or diverged: it would resume into the same divergence) is
 read back, not rerun; any other is launched again on its logdir, and the central node
 resumes it from <logdir>/checkpoints (saved every 60 s and at the end;
-seedacme/nodes/central.py) with a fresh time cap. So the same command continues a
+seedacme/nodes/central.py); its time budget counts over every start. So the same command continues a
 session that was stopped or capped; a study with other overrides needs its own `--out`.
 
 Per run: env steps, wall and run time, the training average (last 100 episodes) at the
