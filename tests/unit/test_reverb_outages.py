@@ -13,6 +13,7 @@ that one is injected.
 """
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -309,6 +310,18 @@ server.wait()
 '''
 
 
+def _all_threads_stopped(pid: int) -> bool:
+  """Whether every thread of process `pid` is in the stopped state (after SIGSTOP)."""
+  states = []
+  for tid in os.listdir(f'/proc/{pid}/task'):
+    try:
+      with open(f'/proc/{pid}/task/{tid}/stat') as f:
+        states.append(f.read().rsplit(')', 1)[1].split()[0])
+    except OSError:
+      continue
+  return bool(states) and all(state in ('T', 't') for state in states)
+
+
 @pytest.mark.timeout(120)
 def test_r2d2_priority_updates_to_a_stopped_server_time_out_one_call_at_a_time(
     tmp_path, wait_until):
@@ -339,9 +352,15 @@ def test_r2d2_priority_updates_to_a_stopped_server_time_out_one_call_at_a_time(
       return [t for t in threading.enumerate() if t.name == 'priority-update']
 
     server.proc.send_signal(signal.SIGSTOP)
+    # Every thread of the server stopped before the call (a busy machine may let a
+    # server thread run on for a moment after the signal: a call in that moment was
+    # answered at once, a flake under Bazel's parallel tests).
+    assert wait_until(lambda: _all_threads_stopped(server.proc.pid), 10)
     started = time.monotonic()
     learner._write_priorities(keys, np.array([0.1, 0.2, 0.3]))  # pylint: disable=protected-access
-    assert 0.9 < time.monotonic() - started < 5
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 5, (elapsed, learner.priority_updates_lost,
+                               learner.priority_update_timeouts)
     assert learner.priority_updates_lost == 3 and learner.priority_update_timeouts == 1
     assert len(update_threads()) == 1
     for _ in range(3):  # the hung call is still out: these do not wait, nor start one
