@@ -16,12 +16,15 @@ no Python import statement calls it so) and then reads one attribute of
 `sys.modules[name]`. `install()` wraps `builtins.__import__`; for such a call made where
 Courier makes it (no Python frame on the thread: a Courier server thread or a client's
 completion callback; or the frame of Courier's own `client.py`: a client's synchronous
-call), it refuses a module that no allowed name lives in without importing it, and
-otherwise puts a one-shot gate in `sys.modules[name]` for the attribute read that
-follows: an allowed `(module, name)` passes, anything else raises `RefusedType` naming
-what was sent. Courier turns that exception into an error status: the caller gets it,
-the node keeps serving, and nothing named was imported or called. A refused name is
-logged once per process.
+call), it does not import a module that no allowed name lives in, and puts a one-shot
+gate in `sys.modules[name]` for the attribute read that follows: an allowed `(module,
+name)` passes; anything else gets an inert stand-in, which Courier calls and rebuilds
+as a `RefusedPayload`. Raising there instead would reach the caller as Courier's
+anonymous "ToUtilStatus failure." and leave the Python error set on the handler thread;
+with the stand-in the message completes, and the central node's methods
+(`seedacme.nodes.service`) and actors' replies (`seedacme.actor.transport`) are checked
+with `check`, which raises `RefusedPayloadError` naming what was sent. Nothing named is
+called, the node keeps serving, and a refused name is logged once per process.
 
 Allowed: what seedacme's own traffic needs and nothing that acts on the world: numpy
 arrays and scalars as numpy pickles them (`_reconstruct`, `ndarray`, `dtype`,
@@ -224,7 +227,3 @@ def install() -> None:
     _courier_client_file = courier_client.__file__
     _real_import = builtins.__import__
     builtins.__import__ = _guarded_import
-
-
-def installed() -> bool:
-  return _real_import is not None
