@@ -122,10 +122,12 @@ def _refusal(problem: str, how_to_allow: str) -> str:
           'anyway (behind a firewall, or on a private network or VPN)')
 
 
-def _reexecutable() -> bool:
-  """Whether this process's command line can start it again (not an interactive
-  session or a script read from stdin)."""
-  return bool(sys.argv) and sys.argv[0] not in ('', '-')
+def _own_command() -> List[str] | None:
+  """This process's command line, to start it again; None for an interactive session
+  or a script read from stdin."""
+  if not sys.argv or sys.argv[0] in ('', '-'):
+    return None
+  return [sys.executable, *sys.orig_argv[1:]]
 
 
 def launch(program, logdir: str, network: str = 'isolated'):
@@ -143,11 +145,12 @@ def launch(program, logdir: str, network: str = 'isolated'):
   if network not in ('isolated', 'host'):
     raise ValueError(f"network must be 'isolated' or 'host', got {network!r}")
   if network == 'isolated':
-    if not _reexecutable():
+    command = _own_command()
+    if command is None:
       raise ExposureError('launch(network="isolated") re-executes the calling script '
                           'in a private network namespace: run it as a script (python '
                           'my_program.py) or pass network="host" to run exposed')
-    problem = isolation_problem([sys.executable, *sys.orig_argv[1:]])
+    problem = isolation_problem(command)
     if problem:
       raise ExposureError(_refusal(problem, 'pass network="host"'))
   import launchpad as lp  # pylint: disable=g-import-not-at-top
@@ -170,10 +173,10 @@ def main(argv: List[str] | None = None) -> int:
   if args.network == 'isolated':
     # Called from the command line: this module again; from Python (`main(argv)`,
     # e.g. after registering an agent): the calling command line, as `launch` does.
-    problem = isolation_problem(
-        [sys.executable, '-m', 'seedacme.launchers.local', *sys.argv[1:]] if argv is None
-        else [sys.executable, *sys.orig_argv[1:]]) if argv is None or _reexecutable() \
-        else 'this Python session cannot be re-executed (run it as a script)'
+    command = ([sys.executable, '-m', 'seedacme.launchers.local', *sys.argv[1:]]
+               if argv is None else _own_command())
+    problem = isolation_problem(command) if command else \
+        'this Python session cannot be re-executed (run it as a script)'
     if problem:
       print(f'seedacme: {_refusal(problem, "pass --network host")}', file=sys.stderr)
       return 2
@@ -181,9 +184,7 @@ def main(argv: List[str] | None = None) -> int:
     print(f'seedacme: --network host: {EXPOSURE}', file=sys.stderr)
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
-  os.makedirs(os.path.join(logdir, 'nodes'), exist_ok=True)
-  os.environ['LAUNCHPAD_LOGGING_DIR'] = os.path.join(logdir, 'nodes')
-  os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+  os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')  # before anything imports TF
 
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
