@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from tests.emulated_hosts import EmulatedHosts, HostError, unavailable
+from tests.integration.launch import TAG_VAR, leftover_processes
 
 _WHY = unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f'emulated hosts: {_WHY}')
@@ -44,22 +45,10 @@ def _ask(hosts, host, address, log):
     return f.read().strip()
 
 
-def _tagged(tag):
-  found = []
-  for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      with open(f'/proc/{pid}/environ', 'rb') as f:
-        if f'HOSTS_TEST={tag}'.encode() in f.read().split(b'\0'):
-          found.append(pid)
-    except OSError:
-      pass
-  return found
-
-
 @pytest.mark.timeout(120)
 def test_hosts_talk_over_their_addresses_partitions_and_lost_hosts(tmp_path):
   tag = uuid.uuid4().hex
-  env = {'HOSTS_TEST': tag}
+  env = {TAG_VAR: tag}
   log = str(tmp_path / 'client.txt')
   with EmulatedHosts(['a', 'b', 'c']) as hosts:
     assert hosts.addresses == {'a': '10.77.0.2', 'b': '10.77.0.3', 'c': '10.77.0.4'}
@@ -87,8 +76,8 @@ def test_hosts_talk_over_their_addresses_partitions_and_lost_hosts(tmp_path):
     assert hosts.processes('b') == 1
     with pytest.raises(HostError, match="no host 'z'"):
       hosts.run('z', ['true'])
-    assert len(_tagged(tag)) == 1  # b's server, still running
-  assert _tagged(tag) == []  # closing the hosts ended every process on them
+    assert len(leftover_processes(tag)) == 1  # b's server, still running
+  assert leftover_processes(tag) == []  # closing the hosts ended every process on them
 
 
 @pytest.mark.timeout(60)
@@ -96,14 +85,14 @@ def test_nothing_is_left_when_the_agent_is_killed(tmp_path):
   tag = uuid.uuid4().hex
   hosts = EmulatedHosts(['a'])
   hosts.run('a', [sys.executable, '-c', 'import time; time.sleep(600)'],
-            env={'HOSTS_TEST': tag})
-  while not _tagged(tag):
+            env={TAG_VAR: tag})
+  while not leftover_processes(tag):
     time.sleep(0.05)
   with open(f'/proc/{hosts.agent_pid}/task/{hosts.agent_pid}/children') as f:
     os.kill(int(f.read().split()[0]), signal.SIGKILL)  # the agent: PID 1 of the namespaces
   hosts.close()
   for _ in range(50):
-    if not _tagged(tag):
+    if not leftover_processes(tag):
       break
     time.sleep(0.1)
-  assert _tagged(tag) == []
+  assert leftover_processes(tag) == []
