@@ -33,7 +33,8 @@ an instance of a class that is itself checked here). seedacme's wire sends only
 dicts, arrays and strings (`seedacme.wire.protocol`, `seedacme.wire.reports`).
 
 Cost: an `import` statement anywhere in the process goes through one Python call
-(~0.3 us); Courier's import happens once per type per process (it caches the result).
+(+0.16 us: 0.44 -> 0.60 us for `import os`, timeit); Courier's import happens once per
+type per process (it caches the result); `check` of a request 3-4 us.
 """
 
 import builtins
@@ -131,27 +132,38 @@ def _refuse(what: str) -> _StandIn:
   return _StandIn(what)
 
 
+# Leaves a payload carries by the thousand: no refused object can hide in them.
+_PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
 def find_refused(value, depth: int = 0) -> str | None:
-  """What `value` (a rebuilt Courier payload) carries that was refused, or None."""
-  if isinstance(value, (RefusedPayload, _StandIn)):
+  """What `value` (a rebuilt Courier payload) carries that was refused, or None.
+  A request (a dict of three arrays and a string) takes 3-4 us; a first version that
+  called itself on every leaf took 8-11 us (timeit, one run, load 1.1-1.9)."""
+  kind = type(value)
+  if isinstance(value, np.ndarray):
+    if not value.dtype.hasobject:
+      return None
+    items = value.flat
+  elif kind in _PLAIN:
+    return None
+  elif kind is RefusedPayload or kind is _StandIn:
     return object.__getattribute__(value, 'what')
+  elif isinstance(value, dict):
+    items = (x for pair in value.items() for x in pair)
+  elif isinstance(value, (list, tuple, set, frozenset)):
+    items = value
+  else:
+    return None
   if depth > 32:
     return None
-  if isinstance(value, dict):
-    for key, item in value.items():
-      found = find_refused(key, depth + 1) or find_refused(item, depth + 1)
-      if found:
-        return found
-  elif isinstance(value, (list, tuple, set, frozenset)):
-    for item in value:
-      found = find_refused(item, depth + 1)
-      if found:
-        return found
-  elif isinstance(value, np.ndarray) and value.dtype == object:
-    for item in value.flat:
-      found = find_refused(item, depth + 1)
-      if found:
-        return found
+  for item in items:
+    leaf = type(item)
+    if leaf in _PLAIN or (leaf is np.ndarray and not item.dtype.hasobject):
+      continue  # what `find_refused(item)` would say, without the call
+    found = find_refused(item, depth + 1)
+    if found:
+      return found
   return None
 
 
