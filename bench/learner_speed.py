@@ -4,6 +4,8 @@
     .venv/bin/python bench/learner_speed.py --quick    # two variants, short (CI smoke)
     .venv/bin/python bench/learner_speed.py --agent r2d2 --variants baseline,onednn,xla,intra1
         # R2D2's step with CartPole's defaults (MLP + LSTM 64, 29-step sequences)
+    .venv/bin/python bench/learner_speed.py --agent ppo --seconds 30
+        # PPO's whole step (10 epochs x 32 minibatches) on HalfCheetah-shaped unrolls
 
 The Atari learner (Nature CNN, T=20) bounds Pong's wall clock on 2 cores: the queue is
 full and acting waits for it (README, "Pong learns"). Each variant runs in its own
@@ -58,7 +60,8 @@ def _child(args) -> None:
   if threads:
     tf.config.threading.set_intra_op_parallelism_threads(threads[0])
     tf.config.threading.set_inter_op_parallelism_threads(threads[1])
-  make_step = {'r2d2': _r2d2_step, 'sac': _sac_step}.get(args.agent, _vtrace_step)
+  make_step = {'r2d2': _r2d2_step, 'sac': _sac_step, 'ppo': _ppo_step}.get(args.agent,
+                                                                           _vtrace_step)
   kwargs = {'env': args.env} if args.agent == 'r2d2' else {}
   step, transitions_per_step, overrides = make_step(args.batch_size, dict(overrides),
                                                     **kwargs)
@@ -175,6 +178,39 @@ def _sac_step(b: int, overrides: Dict[str, Any]):
   return (lambda i: learner.train_on(batch)['critic_loss'], b * k, overrides)
 
 
+def _ppo_step(b: int, overrides: Dict[str, Any]):
+  """(step(i) -> loss, transitions per step, overrides): PPO's whole learner step (10
+  epochs x 32 minibatches of 64 at the MuJoCo defaults) on HalfCheetah-shaped unrolls."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from seedacme import envs  # pylint: disable=g-import-not-at-top
+  from seedacme.agents import registry  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.ppo.learning import PPOLearner  # pylint: disable=g-import-not-at-top
+  from seedacme.types import FIRST, MID  # pylint: disable=g-import-not-at-top
+  overrides.pop('jit_compile', None)  # PPOConfig has no such field
+  builder = registry.make_builder('ppo', 'mujoco', batch_size=b, **overrides)
+  spec = envs.env_spec_of(envs.make_factory('mujoco', level='HalfCheetah-v5')(0))
+  signature = builder.item_signature(spec)
+  learner = PPOLearner(builder.make_networks(spec), builder.config, None, signature)
+  rng = np.random.RandomState(0)
+  batch = {}
+  for name, s in signature.items():
+    shape = (b,) + tuple(s.shape)
+    if name == 'step_type':
+      value = np.full(shape, MID)
+      value[:, 0] = FIRST
+    elif name == 'env_id':
+      value = np.repeat(np.arange(b)[:, None], shape[1], 1)
+    elif name == 'policy_version':
+      value = np.zeros(shape)
+    elif name == 'log_prob':
+      value = rng.normal(-6.0, 1.0, shape)
+    else:
+      value = rng.normal(size=shape)
+    batch[name] = tf.constant(value.astype(s.dtype.as_numpy_dtype))
+  config = builder.config
+  return (lambda i: learner.train_on(batch)['loss'], b * config.unroll_length, overrides)
+
+
 def _run_variant(name: str, batch_size: int, seconds: float, agent: str = 'vtrace',
                  env_name: str = 'cartpole', custom: List[str] = ()) -> Dict[str, Any]:
   env = dict(os.environ, PYTHONPATH=harness.REPO, TF_CPP_MIN_LOG_LEVEL='2')
@@ -198,7 +234,7 @@ def main() -> None:
   parser.add_argument('--variants', default=None,
                       help='default: all (V-trace); baseline,onednn,xla,intra1 (R2D2: its '
                       'config has no optimizer field)')
-  parser.add_argument('--agent', default='vtrace', choices=['vtrace', 'r2d2', 'sac'])
+  parser.add_argument('--agent', default='vtrace', choices=['vtrace', 'r2d2', 'sac', 'ppo'])
   parser.add_argument('--env', default='cartpole', choices=['cartpole', 'atari'],
                       help="R2D2's shapes and registry defaults")
   parser.add_argument('--batch_size', type=int, default=None,
@@ -220,11 +256,14 @@ def main() -> None:
                       parse_overrides(fields.split(',') if fields else []), None)
   r2d2 = args.agent == 'r2d2'
   if args.batch_size is None:
-    args.batch_size = 32 if r2d2 else 8
+    args.batch_size = {'r2d2': 32, 'ppo': 16}.get(args.agent, 8)
+  if args.variants is None and args.agent == 'ppo':
+    args.variants = 'baseline'
   if args.variants is None:
     args.variants = 'baseline,onednn,xla,intra1' if r2d2 else ','.join(VARIANTS)
   if args.out is None:
-    args.out = 'learner_speed_r2d2.json' if r2d2 else 'learner_speed.json'
+    args.out = {'vtrace': 'learner_speed.json'}.get(args.agent,
+                                                    f'learner_speed_{args.agent}.json')
   if args.child:
     args.variant = args.child
     _child(args)
@@ -254,7 +293,8 @@ def main() -> None:
                  f'vs {names[0]}': tps / base,
                  'rounds': [round(x['transitions_per_s']) for x in results[name]]})
   what = {'r2d2': 'R2D2 learner step, CartPole defaults (MLP + LSTM, 29-step sequences)',
-          'sac': 'SAC learner step, HalfCheetah items (256-256 MLPs)'}.get(
+          'sac': 'SAC learner step, HalfCheetah items (256-256 MLPs)',
+          'ppo': 'PPO learner step, HalfCheetah unrolls (MuJoCo defaults)'}.get(
               args.agent, 'V-trace learner step, Nature CNN, T=20')
   print(f'\n{what}, batch {args.batch_size} '
         f'(load {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)')
