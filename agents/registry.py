@@ -1,9 +1,10 @@
 """Agents by name, with per-environment defaults (what `run_local <env> <agent>` uses).
 
 Declarative: an agent is one `AgentEntry` -- its name, where its builder and config
-dataclass live, its per-env defaults and an optional fit to the program's size -- and
-one `register_agent` line at the bottom of this file. `run_local`, the Vertex launcher,
-benchmarks and tests all build agents through `make_builder`. Builder and config are
+dataclass live, its per-env defaults, options for its training envs and an optional fit
+to the program's size -- and one `register_agent` line at the bottom of this file.
+`run_local`, the Vertex launcher, benchmarks and tests all build agents through
+`make_builder` (its config: `make_config`). Builder and config are
 named as 'module:attribute' and imported only when used, so a launcher that parses
 flags does not import TensorFlow.
 """
@@ -26,12 +27,16 @@ class AgentEntry:
     env_defaults: per environment name, overrides of the config's defaults.
     fit: `fit(kwargs, num_train_envs, overrides) -> kwargs`: adapts the defaults to the
       program's size (explicit overrides always win).
+    train_env_defaults: per environment name, env factory options for the training
+      envs only (the evaluator's envs never get them; `--env_config` overrides them).
   """
   name: str
   builder: Any
   config: Any
   env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
   fit: Callable[[Dict[str, Any], int, Dict[str, Any]], Dict[str, Any]] | None = None
+  train_env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+      default_factory=dict)
 
 
 _AGENTS: Dict[str, AgentEntry] = {}
@@ -139,26 +144,57 @@ _R2D2_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 
-# PPO (agents/ppo). Vector observations: CleanRL's PPO settings (separate tanh MLPs,
-# clip 0.2, lambda 0.95, Adam 3e-4 / eps 1e-5, grad norm 0.5), with a batch of
-# `batch_size` unrolls off the queue standing for CleanRL's rollout of N envs x T steps.
+# PPO (agents/ppo), against CleanRL's ppo_continuous_action.py and ppo_atari.py.
+# CleanRL's, from PPOConfig's defaults: clip 0.2, GAE lambda 0.95, gamma 0.99, Adam
+# eps 1e-5, grad norm 0.5, value cost 0.5, advantages normalized per minibatch, separate
+# 64-64 tanh MLPs on vector observations. Ours, unlike CleanRL: the objective
+# (PPOConfig's 'decoupled', CleanRL's is plain 'clip': our data is learner steps old), a
+# batch of `batch_size` unrolls off the queue from many envs instead of one rollout of N
+# envs x T steps, and no value clip on vector observations (CleanRL clips the value with
+# its clip coefficient, clip_vloss).
 _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    # Ours (not CleanRL's): small tasks, short unrolls.
     'catch': dict(unroll_length=20, batch_size=16, epochs=4, num_minibatches=4,
                   queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
                   activation='relu'),
     'cartpole': dict(unroll_length=32, batch_size=16, epochs=4, num_minibatches=4,
                      queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
                      reward_scale=0.1),
-    # MuJoCo: CleanRL's 2048 transitions per update (16 unrolls x 128), 32 minibatches
-    # of 64, 10 epochs; observations and rewards normalized (on by default here).
+    # MuJoCo, the published runs' settings (bench/published/mujoco_learning*.json).
+    # CleanRL's: 2048 transitions per update, 32 minibatches of 64, 10 epochs, lr 3e-4
+    # annealed linearly to 0, entropy 0, actions clipped into the bounds, observations
+    # and rewards normalized (clip 10). Ours: the 2048 are 16 unrolls x 128 from 16
+    # envs (CleanRL: 1 env x 2048); the learning rate reaches 0 after 490 learner steps
+    # x 2048 env steps ~ 1M env steps (CleanRL: 1M // 2048 = 488 updates; the
+    # published runs passed 490 by hand); the normalizers' statistics move with the
+    # learner, not an env wrapper; no value clip (CleanRL: 0.2); training envs start
+    # at random phases (`_PPO_TRAIN_ENVS`).
     'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
-                   queue_size=16, learning_rate=3e-4, entropy_cost=0.0,
-                   normalize_observations=True, normalize_rewards=True, squash='clip'),
-    # Atari: CleanRL's Atari PPO (Nature CNN, 8 x 128 transitions per update, 4
-    # minibatches x 4 epochs, clip 0.1, value clip 0.1, lr 2.5e-4, entropy 0.01).
+                   queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
+                   entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
+                   squash='clip'),
+    # Atari: exactly what the published Pong run used (bench/published/
+    # pong_learning_ppo.json passed no --agent_config: this entry and PPOConfig's
+    # defaults of that day, before the objective existed).
+    # CleanRL's: shared Nature CNN, 8 x 128 transitions per update, 4 minibatches x 4
+    # epochs, clip 0.1, value clip 0.1 (clip_vloss with the same coefficient), lr
+    # 2.5e-4, entropy 0.01, rewards clipped to +-1. Ours: objective 'clip' (the run
+    # predates 'decoupled', unmeasured on Pong), a constant learning rate (CleanRL
+    # anneals it over 10M env steps), rewards clipped in the loss (envs report raw
+    # scores), no end of episode at a life lost (CleanRL's EpisodicLifeEnv) and no FIRE
+    # reset, and the 8 unrolls come from whichever of the 32 envs filled the queue.
     'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=8,
                   epochs=4, num_minibatches=4, queue_size=8, learning_rate=2.5e-4,
-                  clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01, reward_clip=1.0),
+                  objective='clip', clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01,
+                  reward_clip=1.0),
+}
+
+# PPO's training envs (never the evaluator's). MuJoCo: each env's first episode cut at
+# a random length (envs/gym_adapter.py), so the lockstepped envs of a task that never
+# terminates (HalfCheetah) cover different phases of the episode in a batch
+# (tests/unit/test_ppo_phases.py); `--env_config random_first_episode=False` turns it off.
+_PPO_TRAIN_ENVS: Dict[str, Dict[str, Any]] = {
+    'mujoco': dict(random_first_episode=True),
 }
 
 
@@ -198,9 +234,10 @@ def _fit_vtrace_batch(kwargs: Dict[str, Any], num_train_envs: int,
   return kwargs
 
 
-def make_builder(agent: str, env: str, num_train_envs: int | None = None,
-                 **overrides) -> SeedBuilder:
-  """The builder of `agent` configured for `env` (plus explicit overrides).
+def make_config(agent: str, env: str, num_train_envs: int | None = None,
+                **overrides) -> Any:
+  """The config dataclass of `agent` for `env`: its defaults, the registry's for `env`,
+  then explicit overrides.
 
   `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
   smaller learner batch when there are few envs); explicit overrides always win.
@@ -209,14 +246,26 @@ def make_builder(agent: str, env: str, num_train_envs: int | None = None,
   kwargs = {**entry.env_defaults.get(env, {}), **overrides}
   if num_train_envs is not None and entry.fit is not None:
     kwargs = entry.fit(kwargs, num_train_envs, overrides)
-  return _load(entry.builder)(_load(entry.config)(**kwargs))
+  return _load(entry.config)(**kwargs)
+
+
+def make_builder(agent: str, env: str, num_train_envs: int | None = None,
+                 **overrides) -> SeedBuilder:
+  """The builder of `agent` configured for `env` (`make_config`)."""
+  return _load(_entry(agent).builder)(make_config(agent, env, num_train_envs, **overrides))
+
+
+def train_env_config(agent: str, env: str) -> Dict[str, Any]:
+  """Env options `agent` sets on its training envs of `env` (never the evaluator's)."""
+  return dict(_entry(agent).train_env_defaults.get(env, {}))
 
 
 register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
                           'seedacme.agents.vtrace:VTraceConfig', _VTRACE_DEFAULTS,
                           fit=_fit_vtrace_batch))
 register_agent(AgentEntry('ppo', 'seedacme.agents.ppo:PPOBuilder',
-                          'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS))
+                          'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS,
+                          train_env_defaults=_PPO_TRAIN_ENVS))
 register_agent(AgentEntry('sac', 'seedacme.agents.sac:SACBuilder',
                           'seedacme.agents.sac:SACConfig', _SAC_DEFAULTS))
 register_agent(AgentEntry('r2d2', 'seedacme.agents.r2d2:R2D2Builder',

@@ -1,7 +1,15 @@
-"""Names of the environments seedacme knows, and the spec the central node needs."""
+"""Names of the environments seedacme knows, and the spec the central node needs.
+
+Each env is a factory registered by name (`register_env`). An env may name options that
+concern training envs only (`training_only`: e.g. MuJoCo's `random_first_episode`,
+which cuts a first episode short): the launchers never pass those to the evaluator,
+whose returns must be whole episodes. `factory_options` spells out every argument a
+factory gets, defaults included, for records of what a run ran with.
+"""
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Callable, Dict, Tuple
 
 import dm_env
@@ -95,11 +103,20 @@ class AtariFactory:
 # Environments by name: `factory(seed, **kwargs)` (a function, or a factory class such
 # as `AtariFactory` whose instances carry their settings and engine to the actors).
 _FACTORIES: Dict[str, Callable[..., Any]] = {}
+_TRAINING_ONLY: Dict[str, Tuple[str, ...]] = {}  # options never given to the evaluator
 
 
-def register_env(name: str, factory: Callable[..., Any]) -> None:
-  """Makes `name` known to every launcher (`make_factory(name, **kwargs)`)."""
+def register_env(name: str, factory: Callable[..., Any],
+                 training_only: Tuple[str, ...] = ()) -> None:
+  """Makes `name` known to every launcher (`make_factory(name, **kwargs)`);
+  `training_only`: its options that the evaluator's envs never get."""
   _FACTORIES[name] = factory
+  _TRAINING_ONLY[name] = tuple(training_only)
+
+
+def training_only_options(name: str) -> Tuple[str, ...]:
+  """The options of env `name` that only training envs get (see `register_env`)."""
+  return _TRAINING_ONLY.get(name, ())
 
 
 def env_names() -> Tuple[str, ...]:
@@ -111,7 +128,7 @@ register_env('catch', _make_catch)
 register_env('cartpole', _make_cartpole)
 register_env('dmlab', _make_dmlab)
 register_env('football', _make_football)
-register_env('mujoco', _make_mujoco)
+register_env('mujoco', _make_mujoco, training_only=('random_first_episode',))
 ENV_NAMES = env_names()  # the built-in ones
 
 
@@ -132,3 +149,25 @@ def make_factory(name: str, **kwargs) -> EnvFactory:
   if engine != 'python':
     raise ValueError(f'{name} has no env engine {engine!r}; only atari has vector engines')
   return functools.partial(fn, **kwargs)
+
+
+def factory_options(name: str, **kwargs) -> Dict[str, Any]:
+  """Every argument `make_factory(name, **kwargs)` hands the env, defaults filled in
+  (not the seed, nor the engine, which only steps the envs): the env's full config."""
+  kwargs.pop('engine', None)
+  fn = _FACTORIES[name]
+  if isinstance(fn, type):  # a factory class: its fields are its arguments
+    options = dataclasses.asdict(fn(**kwargs))
+  else:
+    signature = inspect.signature(fn)
+    bound = signature.bind_partial(**kwargs)
+    bound.apply_defaults()
+    options = {}
+    for key, value in bound.arguments.items():
+      if signature.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+        options.update(value)  # e.g. football's extra arguments
+      else:
+        options[key] = value
+  options.pop('seed', None)
+  options.pop('engine', None)
+  return options

@@ -6,6 +6,13 @@ to a launcher's parser (launch-specific flags -- hardware, network, dry run -- s
 the launcher) and `make_program_inputs` turns parsed flags into the env factory, spec,
 builder and `ProgramConfig`, with a clear error (`ProgramArgsError`) naming a bad flag.
 
+Env options: the training envs get the agent's training-env defaults from the registry
+(e.g. PPO's `random_first_episode` on MuJoCo) under the user's `--env_config`; the
+evaluator's envs get neither those nor any option the env marks training-only, so its
+returns stay whole episodes (`EnvFactories`). `resolved_run` is what a run resolves
+to (the agent's config dataclass, the training envs' options): benchmarks record it and
+tests compare commands by it, with this module's code rather than a copy.
+
 Budgets: the launcher's time budget (`max_seconds` of `add_program_args`) is a default
 that applies only when no budget flag is given; `--max_env_steps 1000000` alone runs to
 its env steps. A logdir that holds a checkpoint is resumed only by the same run: its
@@ -15,14 +22,17 @@ central node compares it again, wherever the logdir is; `seedacme.run.identity`)
 
 import argparse
 import ast
+import dataclasses
+import json
 import os
 from typing import Any, Dict, List, Tuple
 
 from seedacme import envs
 from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
-from seedacme.envs.registry import ENGINES, env_names
+from seedacme.envs.registry import ENGINES, env_names, factory_options, training_only_options
 from seedacme.run import identity
+from seedacme.types import EnvFactories
 
 
 class ProgramArgsError(ValueError):
@@ -142,6 +152,40 @@ def parse_overrides(items: List[str]) -> Dict[str, Any]:
   return overrides
 
 
+def env_options(args: argparse.Namespace) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """(training envs', evaluator envs') factory options: game, level, scenario and
+  `--env_config`; the training envs also get the agent's training-env defaults, which
+  `--env_config` overrides; the evaluator's never get a training-only option."""
+  given = {k: v for k, v in (('level', args.level), ('game', args.game),
+                             ('scenario', args.scenario)) if v}
+  try:
+    given.update(parse_overrides(args.env_config))
+  except ValueError as e:
+    raise ProgramArgsError(f'bad --env_config: {e}') from e
+  defaults = agents.train_env_config(args.agent, args.env)
+  train = {**given, **{k: v for k, v in defaults.items() if k not in given}}
+  training_only = set(defaults)
+  training_only.update(training_only_options(args.env))
+  evaluation = {k: v for k, v in given.items() if k not in training_only}
+  return train, evaluation
+
+
+def resolved_run(args: argparse.Namespace) -> Dict[str, Any]:
+  """What the flags resolve to, JSON-ready: the agent's config dataclass as a dict
+  (its defaults, the registry's, the fit to the program's size, `--agent_config`) and
+  the training envs' full options (`envs.registry.factory_options`). Creates no env."""
+  train, _ = env_options(args)
+  try:
+    config = agents.make_config(args.agent, args.env,
+                                num_train_envs=args.num_actors * args.envs_per_actor,
+                                **parse_overrides(args.agent_config))
+    env_config = factory_options(args.env, **train)
+  except (TypeError, ValueError) as e:
+    raise ProgramArgsError(f'cannot resolve {args.env} {args.agent}: {e}') from e
+  return json.loads(json.dumps({'agent_config_full': dataclasses.asdict(config),
+                                'env_config_full': env_config}))
+
+
 def make_program_inputs(args: argparse.Namespace, logdir: str,
                         accelerator: str | None = None
                         ) -> Tuple[Any, envs.EnvSpec, Any, ProgramConfig]:
@@ -149,17 +193,12 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
 
   Creates one env here to learn its spec. Raises `ProgramArgsError` naming the flag.
   """
-  env_kwargs = {k: v for k, v in (('level', args.level), ('game', args.game),
-                                  ('scenario', args.scenario)) if v}
-  try:
-    env_kwargs.update(parse_overrides(args.env_config))
-  except ValueError as e:
-    raise ProgramArgsError(f'bad --env_config: {e}') from e
-  env_args = dict(env_kwargs)  # what the env is (the engine only steps it)
-  if args.env_engine != 'python':
-    env_kwargs['engine'] = args.env_engine  # the factory carries it to the actors
-  try:
-    factory = envs.make_factory(args.env, **env_kwargs)
+  env_args, eval_env_args = env_options(args)  # what the envs are
+  engine = {} if args.env_engine == 'python' else {'engine': args.env_engine}
+  try:  # the factory carries the engine to the actors
+    factory = envs.make_factory(args.env, **env_args, **engine)
+    if eval_env_args != env_args:
+      factory = EnvFactories(factory, envs.make_factory(args.env, **eval_env_args, **engine))
   except ValueError as e:  # e.g. --env_engine vector_sync for a non-Atari env
     raise ProgramArgsError(str(e)) from e
   try:

@@ -66,8 +66,9 @@ class ProgramConfig:
       first, the learner data-parallel on the rest). `seedacme.runtime.placement`.
     logical_cpus: split the central node's CPU into this many logical devices before
       TF starts (0: no split): placements tested and tried on a CPU-only machine.
-    env_name, env_args: the env as the launcher named it (registry name, its factory's
-      arguments); saved with the run's config and compared on resume
+    env_name, env_args: the env as the launcher named it (registry name, the training
+      envs' factory arguments, the agent's training-env defaults included); saved with
+      the run's config and compared on resume
       (`seedacme.run.identity`; None: only the env's spec is compared).
     allow_config_change: fields of the saved run config a resume may change (names
       as the refusal prints them, or an agent config field's bare name).

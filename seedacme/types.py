@@ -39,6 +39,29 @@ class Mode(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvFactories:
+  """Training envs and the evaluator's from two factories (program assembly picks one
+  per node, `factory_for`).
+
+  An agent may want options on its training envs that would falsify the evaluator's
+  whole-episode returns (e.g. a first episode cut at a random length: agents/registry.py,
+  `train_env_defaults`). Called as a factory it makes a training env (spec probes).
+  """
+  train: EnvFactory
+  evaluation: EnvFactory
+
+  def __call__(self, seed: int) -> dm_env.Environment:
+    return self.train(seed)
+
+
+def factory_for(factory: Any, mode: Mode) -> EnvFactory:
+  """The factory of `mode`'s envs: `factory` itself unless it is `EnvFactories`."""
+  if isinstance(factory, EnvFactories):
+    return factory.evaluation if mode == Mode.EVAL else factory.train
+  return factory
+
+
+@dataclasses.dataclass(frozen=True)
 class EnvSpec:
   """What the inference server needs to know about an environment.
 

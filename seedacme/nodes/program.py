@@ -30,7 +30,7 @@ from seedacme.nodes.central import CentralNode
 from seedacme.nodes.central_process import SupervisedCentralNode
 from seedacme.nodes.replay import ReplayNode
 from seedacme.runtime.supervisor import run_supervised
-from seedacme.types import EnvFactory, EnvSpec, Mode
+from seedacme.types import EnvFactories, EnvFactory, EnvSpec, Mode, factory_for
 
 # Threads each env-only actor process may use for numpy/BLAS: K envs must not fight
 # over the cores the learner needs. Set in the environment of the process that does
@@ -52,7 +52,7 @@ def replay_checkpoint_dir(config: ProgramConfig,
   return os.path.join(config.logdir, 'replay')
 
 
-def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
+def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, spec: EnvSpec,
                  config: ProgramConfig,
                  stop_program: Callable[[], None] | None = None,
                  name: str = 'seedacme') -> lp.Program:
@@ -60,7 +60,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
 
   Args:
     builder: the agent.
-    env_factory: picklable `factory(seed) -> dm_env.Environment`.
+    env_factory: picklable `factory(seed) -> dm_env.Environment`, or `EnvFactories`
+      (the actors' envs from one, the evaluator's from the other).
     spec: the env's spec (observation shape/dtype, number of actions).
     config: sizes, batching, budget, logdir.
     stop_program: called by the central node when the budget is reached
@@ -91,9 +92,9 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory, spec: EnvSpec,
                             courier_kwargs=courier_kwargs, **central_args)
     learner = program.add_node(node)
 
-  def actor_node(name: str, **kwargs):
-    kwargs.update(env_factory=env_factory, nice=config.acting_nice,
-                  env_step_timeout_s=config.env_step_timeout_s)
+  def actor_node(name: str, mode: Mode = Mode.TRAIN, **kwargs):
+    kwargs.update(env_factory=factory_for(env_factory, mode), mode=mode,
+                  nice=config.acting_nice, env_step_timeout_s=config.env_step_timeout_s)
     if config.inference == 'actor':
       # Acme's pattern: the actor runs its own policy copy (seedacme.actor.actor_side).
       kwargs.update(central=learner, replay_address=replay_node.reverb_address,
