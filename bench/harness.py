@@ -323,3 +323,19 @@ def print_table(rows: List[Dict[str, Any]], columns: List[str]) -> None:
   print('  '.join(c.rjust(w) for c, w in zip(columns, widths)))
   for row in cells:
     print('  '.join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def run_configs(run_local_args: List[str], logdir: str | None = None) -> Dict[str, Any]:
+  """`agent_config_full` and `env_config_full` of a run: the agent's config dataclass
+  and its training envs' options. From `<logdir>/checkpoints/run_config.json` when the
+  run saved one (what its central node ran with), else resolved from its `run_local`
+  arguments by the launcher's own code (`program_flags.resolved_run`)."""
+  from seedacme.launchers import local, program_flags  # pylint: disable=g-import-not-at-top
+  from seedacme.envs.registry import factory_options  # pylint: disable=g-import-not-at-top
+  from seedacme.run import identity  # pylint: disable=g-import-not-at-top
+  saved = identity.read_saved(os.path.join(logdir, identity.CHECKPOINTS)) if logdir else None
+  if saved and saved.get('env') and saved.get('agent_config'):
+    env_config = factory_options(saved['env'], **(saved.get('env_args') or {}))
+    return json.loads(json.dumps({'agent_config_full': saved['agent_config'],
+                                  'env_config_full': env_config}))
+  return program_flags.resolved_run(local.parse_args(list(run_local_args)))

@@ -18,7 +18,11 @@ end with the episodes it covers (fewer than 100 when a resume near the end left 
 little time to refill the window) and its best over full windows, the evaluator's at the
 end, the training average at 100k/300k/500k/1M env steps (first record at or past the
 mark averaging a full window; null if not reached), env and learner steps/s over the
-whole run (all segments, startup included), mean policy lag, command, stop reason.
+whole run (all segments, startup included), mean policy lag, command, stop reason, and
+what it ran with: `agent_config_full` (the agent's config dataclass after the registry's
+defaults and the overrides) and `env_config_full` (the training envs' options, the
+agent's training-env defaults included), from the run's saved run_config.json, else
+resolved from its arguments by the launcher's code (`harness.run_configs`).
 Writes bench/results/<out>.json (machine, commit, load_1m, command, runs, curves,
 summary: per task and agent the seeds' median returns at 1M and 300k, and the median of
 their final averages), <out>_curves.csv and <out>.png (a panel per task), then (not with
@@ -209,12 +213,12 @@ def main() -> int:
     summary = logdir_lib.read_summary(logdir)
     done = bool(summary) and (summary.get('env_steps', 0) >= args.env_steps or
                               (summary.get('stop') or {}).get('kind') == 'diverged')
+    run_args = ['mujoco', agent, str(args.actors), str(args.envs_per_actor), '--level', task,
+                '--max_env_steps', str(args.env_steps), '--max_seconds', str(args.cap_s),
+                '--seed', seed, *[f'--agent_config={c}' for c in args.agent_config],
+                *passthrough]
     if not done:
-      cmd = process.command(
-          ['mujoco', agent, str(args.actors), str(args.envs_per_actor), '--level', task,
-           '--max_env_steps', str(args.env_steps), '--max_seconds', str(args.cap_s),
-           '--seed', seed, *[f'--agent_config={c}' for c in args.agent_config],
-           *passthrough], rel(logdir))
+      cmd = process.command(run_args, rel(logdir))
       print(f'mujoco_learning: {name}: ' + ' '.join(cmd[1:]), flush=True)
       try:
         meta['launches'].append(launch(cmd, logdir, args.cap_s, args.agent_config))
@@ -230,6 +234,7 @@ def main() -> int:
                  'logdir': rel(logdir), 'read_back': done,
                  'wall_s': sum(x['wall_s'] for x in meta['launches']) or None,
                  **figures, 'agent_config': last.get('agent_config'),
+                 **harness.run_configs(run_args, logdir),
                  'command': last.get('command'), 'launches': meta['launches']})
     r = rows[-1]
     print(f"mujoco_learning: {name} {'read back' if done else 'finished'}: "

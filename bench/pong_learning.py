@@ -19,7 +19,11 @@
    (frames/s, duration, returns, the baseline, the ceiling) to
    <logdir>/learning_summary.json and bench/results/<game>_learning_<agent>.json (or `--out`), with
    every launch of the run on its logdir (`launches`: date, commit, load before and
-   after, wall time; kept in <logdir>/bench_run.json) and the machine.
+   after, wall time; kept in <logdir>/bench_run.json), the machine, and what the run
+   ran with: `agent_config_full` (the agent's config dataclass after the registry's
+   defaults and the overrides) and `env_config_full` (the training envs' options), from
+   the run's saved run_config.json, else resolved from its command by the launcher's
+   code (`harness.run_configs`).
 
 `--resummarize LOGDIR` redoes steps 3-4 for a run that already ended (or was stopped),
 keeping its recorded baseline and command.
@@ -228,10 +232,15 @@ def _program_of(result: Dict[str, Any]) -> Dict[str, Any]:
   if 'program' in result:
     return result['program']
   from seedacme.launchers.local import parse_args  # pylint: disable=import-outside-toplevel
-  argv = result['command'].split()
-  args = parse_args(argv[argv.index('seedacme.launchers.local') + 1:])
+  args = parse_args(_run_local_args(result['command']))
   return {'game': args.game, 'num_actors': args.num_actors,
           'envs_per_actor': args.envs_per_actor, 'env_engine': args.env_engine}
+
+
+def _run_local_args(command: str) -> List[str]:
+  """The `run_local` arguments of a recorded command line."""
+  argv = command.split()
+  return argv[argv.index('seedacme.launchers.local') + 1:]
 
 
 def resummarize(logdir: str, ceiling_seconds: float, out: str | None = None) -> int:
@@ -243,6 +252,7 @@ def resummarize(logdir: str, ceiling_seconds: float, out: str | None = None) -> 
   result = {**old, 'logdir': logdir, 'program': program, 'machine': harness.machine(),
             'launches': read_launches(logdir) or old.get('launches', []),
             **({'out': out} if out else {}),
+            **harness.run_configs(_run_local_args(old['command']), logdir),
             **summarize(logdir, old['wall_s'], old['returncode'])}
   result['env_ceiling'] = measure_ceiling(program, ceiling_seconds)
   return finish(result, smoke=False)
@@ -318,6 +328,7 @@ def main() -> int:
   result = {'game': args.game, 'agent': args.agent, 'command': ' '.join(cmd[1:]), 'logdir': logdir,
             'program': program, 'random_baseline': baseline, 'machine': harness.machine(),
             'launches': launches, **({'out': args.out} if args.out else {}),
+            **harness.run_configs(cmd[3:], logdir),
             **summarize(logdir, wall_s, returncode)}
   result['env_ceiling'] = measure_ceiling(program, args.ceiling_seconds)
   return finish(result, args.smoke)
