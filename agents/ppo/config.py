@@ -20,6 +20,7 @@ CORES = ('feedforward', 'lstm')
 OBJECTIVES = ('decoupled', 'clip')
 ADVANTAGE_ESTIMATORS = ('gae', 'vtrace')
 SQUASHES = ('tanh', 'clip')
+NORMALIZER_UPDATES = ('after_epochs', 'on_arrival')
 
 
 @dataclasses.dataclass
@@ -64,11 +65,17 @@ class PPOConfig:
     baseline_cost, entropy_cost: weights of the value loss and the entropy bonus.
     normalize_observations: running mean/std of observations (checkpointed with the
       network; inference and learner read the same statistics), clipped to
-      +-observation_clip. The learner adds a batch's observations after its epochs,
-      with the new weights: the policy's statistics change with its version.
+      +-observation_clip.
+    normalizer_update: when the learner adds a batch's observations to the
+      statistics: 'after_epochs' (default: with the new weights, so the statistics
+      change with the policy's version and data of zero lag is evaluated exactly as
+      it was acted on) or 'on_arrival' (before the batch's log-probs: the first
+      implementation, kept to measure what the change is worth).
     normalize_rewards: divide rewards by the running std of discounted returns
-      (CleanRL's NormalizeReward), clipped to +-reward_norm_clip; each env's return
-      runs on across its unrolls.
+      (CleanRL's NormalizeReward), clipped to +-reward_norm_clip.
+    carry_reward_returns: each env's discounted return runs on across its unrolls
+      (default, as gymnasium's NormalizeReward over an episode); False restarts it at
+      every unroll (the first implementation, kept for comparison).
     reward_clip, reward_scale: clip rewards (Atari: 1), then scale.
   """
   unroll_length: int = 64
@@ -101,7 +108,9 @@ class PPOConfig:
   entropy_cost: float = 0.0
   normalize_observations: bool = False
   observation_clip: float = 10.0
+  normalizer_update: str = 'after_epochs'
   normalize_rewards: bool = False
+  carry_reward_returns: bool = True
   reward_norm_clip: float = 10.0
   reward_clip: float | None = None
   reward_scale: float = 1.0
@@ -121,6 +130,9 @@ class PPOConfig:
                f'objective={self.objective!r}: choose one of {OBJECTIVES}'),
               (self.behaviour_weight_clip > 0,
                f'behaviour_weight_clip={self.behaviour_weight_clip} must be > 0'),
+              (self.normalizer_update in NORMALIZER_UPDATES,
+               f'normalizer_update={self.normalizer_update!r}: choose one of '
+               f'{NORMALIZER_UPDATES}'),
               (self.squash in SQUASHES, f'squash={self.squash!r}: choose one of {SQUASHES}'),
               (self.activation in ('tanh', 'relu'),
                f"activation={self.activation!r}: choose 'tanh' or 'relu'"),

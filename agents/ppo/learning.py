@@ -94,7 +94,8 @@ class PPOLearner(BatchLearner):
         experimental_relax_shapes=True)
     self._advantages_fn = tf.function(self._advantages, experimental_relax_shapes=True)
     self._grads_fn = tf.function(self._grads, experimental_relax_shapes=True)
-    self._apply_fn = tf.function(self._apply)
+    self._minibatches_fn = tf.function(self._minibatches, experimental_relax_shapes=True)
+    self._metric_keys: List[str] | None = None  # what `_grads` reports, in order
     # Several learner devices: each takes its share of a minibatch's indices, and the
     # (all-reduced) update is applied in the same call, only if it is finite.
     self._devices = replicas.current()
@@ -151,6 +152,7 @@ class PPOLearner(BatchLearner):
     rewards = prepared['rewards']
     first, mask = prepared['first'][:-1].numpy(), prepared['mask'].numpy()
     env_ids = prepared['env_id'].numpy()
+    carry = self._config.carry_reward_returns
     occurrence = np.zeros(len(env_ids), np.int64)
     seen: Dict[int, int] = {}
     for b, e in enumerate(env_ids.tolist()):
@@ -159,8 +161,8 @@ class PPOLearner(BatchLearner):
     returns = np.zeros(rewards.shape, np.float32)
     for k in range(int(occurrence.max()) + 1):
       cols = np.flatnonzero(occurrence == k)
-      initial = np.array([self._env_returns.get(int(e), 0.0) for e in env_ids[cols]],
-                         np.float32)
+      initial = np.array([self._env_returns.get(int(e), 0.0) if carry else 0.0
+                          for e in env_ids[cols]], np.float32)
       out, final = self._returns_fn(tf.gather(rewards, cols, axis=1), first[:, cols],
                                     mask[:, cols], initial)
       returns[:, cols] = out.numpy()
@@ -235,6 +237,29 @@ class PPOLearner(BatchLearner):
   def _apply(self, grads):
     self._optimizer.apply(grads, self._network.trainable_variables)
 
+  def _minibatches(self, data, plan):
+    """One Adam step per row of `plan` (`[n, m]` indices), in one compiled call: the
+    sums of each step's metrics (in `_metric_keys` order), and where a step's loss or
+    gradients were not finite, its index and metrics (-1 if none). That step and the
+    ones after it are not applied."""
+    keys = self._metric_keys
+    sums = tf.zeros([len(keys)])
+    bad = tf.zeros([len(keys)])
+    failed = tf.constant(-1)
+    for i in tf.range(tf.shape(plan)[0]):
+      grads, metrics = self._grads(data, plan[i])
+      values = tf.stack([tf.cast(metrics[k], tf.float32) for k in keys])
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(x))
+                              for x in [values] + list(grads)])
+      if finite:
+        self._apply(grads)
+        sums += values
+      else:
+        failed = i
+        bad = values
+        break
+    return sums, failed, bad
+
   def _replica_update(self, data, indices):
     """One replica's share of a minibatch: gradients all-reduced, then applied where
     the loss and every gradient are finite (the same on every replica)."""
@@ -282,44 +307,65 @@ class PPOLearner(BatchLearner):
     self._prepare_fn.get_concrete_function(specs)
     return True
 
+  def _run_minibatches(self, data, plan: np.ndarray, first: int) -> Dict[str, float]:
+    """The Adam steps of `plan` (`[n, m]`; `first`: the index of its first row in the
+    learner step): metric sums; `DivergedError` at a step that is not finite."""
+    if self._devices.num_replicas > 1:  # per minibatch, applied in the call if finite
+      sums: Dict[str, float] = {}
+      for i, indices in enumerate(plan):
+        metrics = {k: float(np.asarray(v)) for k, v in
+                   self._replicated_fn(data, tf.constant(indices)).items()}
+        if not all(np.isfinite(v) for v in metrics.values()):
+          self._diverged(first + i, metrics)
+        for k, v in metrics.items():
+          sums[k] = sums.get(k, 0.0) + v
+      return sums
+    if self._metric_keys is None:
+      traced = self._grads_fn.get_concrete_function(data, tf.constant(plan[0]))
+      self._metric_keys = sorted(traced.structured_outputs[1])
+      # Adam's slots now, eagerly: the loop applies inside a conditional, where
+      # variables cannot be created (Sonnet's `_initialize` runs once).
+      self._optimizer._initialize(  # pylint: disable=protected-access
+          list(self._network.trainable_variables))
+    sums, failed, bad = self._minibatches_fn(data, tf.constant(plan))
+    if int(failed) >= 0:
+      self._diverged(first + int(failed), dict(zip(self._metric_keys, bad.numpy())))
+    return dict(zip(self._metric_keys, sums.numpy().tolist()))
+
+  def _diverged(self, minibatch: int, metrics: Dict[str, float]):
+    raise DivergedError(f'non-finite PPO loss at learner step '
+                        f'{int(self.num_steps.numpy()) + 1}, minibatch {minibatch}: '
+                        + ', '.join(f'{k}={v:.4g}' for k, v in sorted(metrics.items())))
+
   def train_on(self, batch) -> Dict[str, float]:
     """One learner step on a given batch (used by `step` and by tests)."""
     c = self._config
     if c.learning_rate_decay_steps:
       done = min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
       self._learning_rate.assign(c.learning_rate * (1.0 - done))
+    if c.normalizer_update == 'on_arrival' and self._network.normalizer is not None:
+      self._update_normalizer_fn(time_major(batch['observation'])[:-1])
     prepared = self.prepare(batch)
     num_unrolls = int(prepared['mask'].shape[1])
     unroll_length = int(prepared['mask'].shape[0])
     items = num_unrolls if self._recurrent else num_unrolls * unroll_length
-    plan = minibatch_plan(items, c.epochs, c.num_minibatches, self._rng)
-    uses = np.zeros(num_unrolls)
-    sums: Dict[str, float] = {}
+    plan = np.stack(minibatch_plan(items, c.epochs, c.num_minibatches, self._rng))
     # Before any step: the proximal policy's log-probs and values, and advantages.
     advantages, returns, *proximal = self._advantages_fn(prepared)
     data = self._training_data(prepared, proximal, advantages, returns)
-    for i, indices in enumerate(plan):
-      if c.recompute_advantages and i and i % c.num_minibatches == 0:
+    # All steps in one call, or one call per epoch when advantages are recomputed.
+    per_call = c.num_minibatches if c.recompute_advantages else len(plan)
+    sums: Dict[str, float] = {}
+    for start in range(0, len(plan), per_call):
+      if start:
         data = self._training_data(prepared, proximal, *self._advantages_fn(prepared)[:2])
-      if self._devices.num_replicas > 1:  # applied in the call, if finite
-        metrics = self._replicated_fn(data, tf.constant(indices))
-        grads = None
-      else:
-        grads, metrics = self._grads_fn(data, tf.constant(indices))
-      metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
-      if not all(np.isfinite(v) for v in metrics.values()):
-        raise DivergedError(f'non-finite PPO loss at learner step '
-                            f'{int(self.num_steps.numpy()) + 1}, minibatch {i}: '
-                            + ', '.join(f'{k}={v:.4g}' for k, v in sorted(metrics.items())))
-      if grads is not None:
-        self._apply_fn(grads)
-      for k, v in metrics.items():
+      for k, v in self._run_minibatches(data, plan[start:start + per_call], start).items():
         sums[k] = sums.get(k, 0.0) + v
-      unroll_of = indices if self._recurrent else indices % num_unrolls
-      np.add.at(uses, unroll_of, 1.0 if self._recurrent else 1.0 / unroll_length)
-    self.last_unroll_uses = uses
+    unroll_of = plan if self._recurrent else plan % num_unrolls
+    self.last_unroll_uses = np.bincount(unroll_of.ravel(), minlength=num_unrolls) * (
+        1.0 if self._recurrent else 1.0 / unroll_length)
     # The statistics change with the weights (module docstring).
-    if self._network.normalizer is not None:
+    if c.normalizer_update == 'after_epochs' and self._network.normalizer is not None:
       self._update_normalizer_fn(prepared['observation'][:-1])
     self.num_steps.assign_add(1)
     self._network.version.assign(tf.cast(self.num_steps, tf.int32))
