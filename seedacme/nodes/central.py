@@ -118,7 +118,8 @@ class CentralNode:
         self.shm = ShmServer(self.server, spec, config.num_envs)
     # Every actor reports env faults; with central inference, nothing else.
     self.intake = ReportIntake(self.acting, config.envs_per_actor,
-                               faults_only=self.server is not None)
+                               faults_only=self.server is not None,
+                               num_envs=config.num_envs)
     serving = self.server if self.server is not None else self.intake
     with learner_devices.activate():
       self.learner = builder.make_learner(self._networks, replay, spec)

@@ -20,6 +20,7 @@ from absl import logging
 import numpy as np
 
 from seedacme.run.accounting import ActingLog
+from seedacme.run.contacts import EnvContacts
 from seedacme.serving.batcher import BatcherStats
 from seedacme.wire.protocol import InvalidRequestError
 from seedacme.wire.reports import ActingReport, check_env_faults, check_report, has_acting
@@ -28,8 +29,12 @@ from seedacme.wire.reports import ActingReport, check_env_faults, check_report, 
 class ReportIntake:
   """Adds up the actors' `report_acting` calls into one `ActingLog` and batch stats."""
 
-  def __init__(self, acting: ActingLog, envs_per_actor: int, faults_only: bool = False):
+  def __init__(self, acting: ActingLog, envs_per_actor: int, faults_only: bool = False,
+               num_envs: int | None = None):
+    """`num_envs`: the program's envs, to say which actors report (`contacts`)."""
     self._lock = threading.Lock()
+    self._envs_per_actor = envs_per_actor
+    self.contacts = EnvContacts(num_envs) if num_envs and not faults_only else None
     self._faults_only = faults_only
     self.acting = acting
     self.actor_restarts = 0
@@ -55,6 +60,8 @@ class ReportIntake:
                     fault['error_type'], fault['message'])
     if self._faults_only:
       return
+    if self.contacts is not None:
+      self.contacts.mark(range(source, source + self._envs_per_actor), 'actor-side')
     with self._lock:
       batches = int(report['batches'])
       self._batches += batches

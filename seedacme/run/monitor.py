@@ -33,6 +33,7 @@ from typing import Any, Dict, Protocol
 from absl import logging
 
 from seedacme.run.accounting import WINDOWS, ActingLog
+from seedacme.run.contacts import actor_status
 
 from seedacme.types import Mode
 from seedacme.config import ProgramConfig
@@ -241,9 +242,22 @@ class RunMonitor:
         'requests_refused': serving.requests_refused,
         **acting.env_fault_counts(),  # envs that raised or hung (actors' reports)
     }
+    record.update(self.actor_status())
+    record.pop('transports', None)  # the summary's (`summarize`)
     record.update({f'trajectory_{k}': v for k, v in serving.trajectory_stats().items()})
     record.update({f'learner_{k}': v for k, v in learner_metrics.items()})
     return record
+
+  def actor_status(self) -> Dict[str, Any]:
+    """How many actors were heard from within a progress interval, through which
+    transport, and each replica's transport (`seedacme.run.contacts`); {} when the
+    serving side keeps no contacts."""
+    contacts = getattr(self._serving, 'contacts', None)
+    if contacts is None:
+      return {}
+    c = self._config
+    return actor_status(contacts, c.num_actors, c.envs_per_actor, c.num_eval_envs,
+                        within_s=max(c.progress_interval_s, 2.0))
 
   def record(self, learner_steps: int, learner_metrics: Dict[str, float]) -> Dict[str, Any]:
     """A progress record of everything since the previous one (not written)."""
@@ -313,6 +327,7 @@ class RunMonitor:
       final['env_steps_per_s'] = (end[1] - start[1]) / dt
       final['learner_steps_per_s'] = (end[2] - start[2]) / dt
     final['steady_window_s'] = (end or (time.monotonic(),))[0] - start[0]
+    final.update(self.actor_status())  # with every replica's transport
     final['stopped_because'] = reason.sentence()
     final['stop'] = reason.to_json()
     final['resumed_from_learner_step'] = resumed_from

@@ -111,6 +111,8 @@ def format_line(r: Dict[str, Any]) -> str:
   ]
   if g('learner_priority_updates') is not None:
     parts.append(f"priority updates {int(g('learner_priority_updates'))}")
+  if g('actors') is not None:
+    parts.append(f"actors {_fmt(g('actors_serving'), 'd')}/{g('actors')} serving")
   parts.append(f"batch fill {_fmt(g('batch_fill'), '.0%')}")
   parts.append(f"latency {_fmt(g('latency_ms'), '.1f')}ms p99 {_fmt(g('latency_p99_ms'), '.1f')}ms")
   return ' | '.join(parts)

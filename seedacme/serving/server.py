@@ -28,6 +28,7 @@ import numpy as np
 import tree
 
 from seedacme.run.accounting import ActingLog, EpisodeTracker
+from seedacme.run.contacts import EnvContacts
 from seedacme.runtime.lifecycle import ShutdownError
 from seedacme.serving import batcher as batcher_lib
 from seedacme.serving.policy import ServerPolicy
@@ -75,6 +76,7 @@ class InferenceServer:
     self._episodes = EpisodeTracker(num_envs) if acting is not None else None
     self.actor_restarts = self.requests_refused = 0
     self.policy_error: str | None = None  # set once the policy's actions were refused
+    self.contacts = EnvContacts(num_envs)  # who is heard from, through what
     self._batch_timeout_s = batch_timeout_s
     self._batcher = batcher_lib.RequestBatcher(
         self._process, max_batch_size=max_batch_envs or num_envs,
@@ -101,6 +103,7 @@ class InferenceServer:
   def step(self, request: Dict[str, Any]) -> Dict[str, np.ndarray]:
     """Serves one actor's request (a Courier call)."""
     parsed = self._parse(request, None)
+    self.contacts.mark(parsed.env_ids, 'courier')
     try:
       reply = self._batcher([parsed], parsed.size)[0]
     except ShutdownError as e:
@@ -118,6 +121,8 @@ class InferenceServer:
     Each request, a lone one included, is served from the arrays it holds: they must
     be private (`shm.Segment.request` copies them out of the actor's segment).
     Returns, per request, its reply or the `InvalidRequestError` refusing it."""
+    for envs in owned:
+      self.contacts.mark(envs, 'shm')
     if len(requests) > 1:
       merged = protocol.merge_requests(requests, self._spec, self._num_envs,
                                        self._max_request_envs, owned)

@@ -166,3 +166,33 @@ def test_a_named_budget_replaces_the_default_time_budget_in_the_config(tmp_path)
   assert monitor.stop_reason({'env_steps': 10, 'elapsed_s': 1e4}, 0) is None
   monitor, _ = _monitor(tmp_path, max_seconds=None)  # no budget: the default applies
   assert monitor.stop_reason({'env_steps': 10, 'elapsed_s': 121.0}, 0).kind is StopKind.TIME
+
+
+@pytest.mark.timeout(60)
+def test_records_say_how_many_actors_serve_and_the_summary_each_ones_transport(tmp_path):
+  from seedacme.run.contacts import EnvContacts  # pylint: disable=g-import-not-at-top
+  from seedacme.run.progress import format_line  # pylint: disable=g-import-not-at-top
+  config = ProgramConfig(num_actors=3, envs_per_actor=4, num_eval_envs=2,
+                         logdir=str(tmp_path), max_seconds=None, progress_interval_s=5.0)
+  serving = _Serving()
+  serving.contacts = EnvContacts(config.num_envs)
+  monitor = RunMonitor(config, ActingLog(), serving)
+  now = time.monotonic()
+  serving.contacts.mark(range(0, 4), 'shm', now)  # actor/0 on the central node's host
+  serving.contacts.mark(np.array([4, 5]), 'courier', now)  # half of actor/1's envs
+  serving.contacts.mark(range(8, 12), 'courier', now - 30)  # actor/2: gone 30 s ago
+  serving.contacts.mark(range(12, 14), 'courier', now)  # the evaluator
+  monitor.report(0, {})
+  record = read_progress(str(tmp_path))[-1]
+  assert (record['actors'], record['actors_serving'], record['actors_shm'],
+          record['actors_courier'], record['evaluator_serving']) == (3, 2, 1, 1, 1)
+  assert 'transports' not in record
+  assert 'actors 2/3 serving' in format_line(record)
+  summary = monitor.summarize(0, {}, StopReason(StopKind.STOP_REQUESTED), None)
+  assert summary['transports'] == {'actor/0': 'shm', 'actor/1': 'courier',
+                                   'actor/2': 'courier', 'evaluator/0': 'courier'}
+  assert read_summary(str(tmp_path))['actors_serving'] == 2
+  # A monitor whose serving side keeps no contacts says nothing about actors.
+  plain, _ = _monitor(tmp_path / 'plain')
+  plain.report(0, {})
+  assert 'actors' not in read_progress(str(tmp_path / 'plain'))[-1]
