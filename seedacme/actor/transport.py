@@ -37,6 +37,10 @@ from seedacme.wire import courier_guard, protocol, shm
 TRANSPORTS = ('auto', 'courier', 'shm')
 _SLICE_S = 0.2  # waits are cut into slices so a stop request is seen at once
 SLOW_CALL_WARNING_S = 5.0
+# While a Courier call is unanswered, a `ping` this often on the same connection: where
+# the server's end dropped the connection while a partition hid its goodbye, nothing
+# else would ever be sent on it (a half-open connection: the actor waited for good).
+PROBE_INTERVAL_S = 10.0
 
 
 class ServerAway(ConnectionError):
@@ -64,7 +68,19 @@ class _Patience:
 
 class RpcTransport:
   """A call per request (`client.futures.step(request)`), retried while the server is
-  unreachable (gRPC waits for a restarting server by itself)."""
+  unreachable (gRPC waits for a restarting server by itself).
+
+  A partition can leave the call waiting on a half-open connection: in
+  `tests/integration/test_emulated_cluster.py`, 20 s with the actor's host cut off
+  left the central node's end closed (its socket gone) and the actor's open, its
+  request acknowledged and nothing left to send, so the kernel never learned of it
+  and the actor waited past 75 s after the link was back (before this). So while a
+  call waits, a `ping` goes out on the same connection every `PROBE_INTERVAL_S`:
+  answered at once by a live server; on a dropped connection the server's kernel
+  answers it with a reset, gRPC fails the waiting call, and the call is retried on a
+  new connection. A retried request may have been served already (its reply lost):
+  its envs then take that step twice, as after any failed call.
+  """
 
   name = 'courier'
 
@@ -86,6 +102,7 @@ class RpcTransport:
     while not self._stop.is_set():
       future = self._client.futures.step(request)
       patience = _Patience(self._who, 'Courier')
+      probe_at = time.monotonic() + PROBE_INTERVAL_S
       while True:
         try:
           reply = future.result(timeout=_SLICE_S)
@@ -96,6 +113,9 @@ class RpcTransport:
             future.cancel()
             return None
           patience.still_waiting()
+          if time.monotonic() >= probe_at:
+            self._probe()
+            probe_at = time.monotonic() + PROBE_INTERVAL_S
         except Exception as e:  # pylint: disable=broad-except
           refusal = protocol.as_refusal(e)
           if refusal is e:
@@ -108,6 +128,16 @@ class RpcTransport:
           backoff = min(2 * backoff, 5.0)
           break
     return None
+
+  def _probe(self) -> None:
+    """A `ping` on the call's connection (class docstring); its answer is not awaited."""
+    ping = getattr(getattr(self._client, 'futures', None), 'ping', None)
+    if ping is None:  # an actor's own inference: no connection to probe
+      return
+    try:
+      ping()
+    except Exception as e:  # pylint: disable=broad-except  (the call's own error tells)
+      logging.info('%s: probe not sent: %s', self._who, e)
 
   def close(self) -> None:
     pass

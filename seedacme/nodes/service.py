@@ -13,7 +13,7 @@ from seedacme.wire import courier_guard
 
 # The central node's Courier surface: what actors, the evaluator and launchers call.
 # Launchpad would serve every public method (`finish`, `shutdown`, `run`, ...).
-PUBLIC_METHODS = ('step', 'shm_offer', 'report_acting', 'get_variables')
+PUBLIC_METHODS = ('step', 'shm_offer', 'report_acting', 'get_variables', 'ping')
 
 
 class CentralService:
@@ -39,6 +39,12 @@ class CentralService:
   def get_variables(self, names):
     courier_guard.check(names, 'get_variables')
     return self._node.get_variables(names)
+
+  def ping(self, *args):
+    """Answers at once: an actor whose call is long unanswered sends one, and on a
+    connection this end has dropped the sending itself resets it (`RpcTransport`)."""
+    courier_guard.check(args, 'ping')
+    return True
 
 
 def make_central_server(node: Any, port: int, **courier_kwargs):
