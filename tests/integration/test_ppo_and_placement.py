@@ -1,9 +1,10 @@
 """Real programs for PPO, continuous control and split device placement.
 
-PPO solves CartPole (greedy evaluator); PPO runs MuJoCo's HalfCheetah with continuous
-actions end to end (shared memory, the action head, bounds checked on the
-server); V-trace learns Catch with inference on one logical CPU and the learner
-data-parallel over two others.
+PPO solves CartPole (greedy evaluator); V-trace learns Catch with inference on one
+logical CPU and the learner data-parallel over two others. Continuous actions end to end
+(shared memory, the action head, bounds checked on the server) are shown learning in
+test_continuous_learning.py (InvertedPendulum), which replaced a 40-s HalfCheetah run
+here that only checked the program ran.
 """
 
 import pytest
@@ -22,20 +23,6 @@ def test_ppo_solves_cartpole_greedy(tmp_path):
   assert summary['stop']['kind'] == 'eval_target', summary
   assert target_value(summary) >= 475
   assert summary['learner_policy_lag'] >= 0  # the measured lag reaches the summary
-
-
-@pytest.mark.timeout(300)
-def test_continuous_control_runs_end_to_end(tmp_path):
-  # PPO here; V-trace's continuous path and SAC's are tested in one process
-  # (tests/unit/test_ppo.py, test_sac.py; agents/vtrace through the same head).
-  run = Run(['mujoco', 'ppo', '2', '4', '--level', 'HalfCheetah-v5', '--max_seconds', '40',
-             '--num_eval_envs', '2'], str(tmp_path))
-  run.complete(240)
-  summary = run.json('summary.json')
-  assert summary['stop']['kind'] == 'time', summary
-  assert summary['env_steps'] > 5_000 and summary['learner_steps'] > 0, summary
-  assert summary['episodes'] >= 1  # 1000-step episodes ended (time-limit truncations)
-  assert 'Traceback' not in run.node_log('learner/0')
 
 
 @pytest.mark.timeout(420)
