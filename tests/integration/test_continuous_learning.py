@@ -20,8 +20,8 @@ env steps (2 x 8 envs, nice 19, load 8-12 from other jobs).
 SAC's test (issue 36) is not here yet: no SAC setting tried reached the target in a
 test's time. Measured under a load of ~11 from other sessions' programs (the SAC step
 alone on HalfCheetah-shaped items ran 34/s with 64-64 nets at batch 128, 10/s with
-256-256 at 256), with `run_local mujoco sac 2 4`, 64-64 nets, lr 1e-3, initial_alpha 0.2, min_replay_size
-1000, sgd_steps_per_sample 4: batch 128 at samples_per_insert 64 (half a gradient step
+256-256 at 256), with `run_local mujoco sac 2 4`, 64-64 nets, lr 1e-3, initial_alpha
+0.2, min_replay_size 1000, sgd_steps_per_sample 4: batch 128 at samples_per_insert 64 (half a gradient step
 per env step) reached a greedy ~100 after 1.5k gradient steps and stayed there to 6k
 (150 s); with n_step 3 and tau 0.01 besides, 182 after 11k gradient steps and 25k env
 steps (300 s, 400 s wall); batch 256, samples_per_insert 128, n_step 3, tau 0.02: 49
