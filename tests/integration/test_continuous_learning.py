@@ -21,16 +21,17 @@ SAC's test (issue 36) is not here yet: no SAC setting tried reached the target i
 test's time. Measured under a load of ~11 from other sessions' programs (the SAC step
 alone on HalfCheetah-shaped items ran 34/s with 64-64 nets at batch 128, 10/s with
 256-256 at 256), with `run_local mujoco sac 2 4`, 64-64 nets, lr 1e-3, initial_alpha
-0.2, min_replay_size 1000, sgd_steps_per_sample 4: batch 128 at samples_per_insert 64 (half a gradient step
-per env step) reached a greedy ~100 after 1.5k gradient steps and stayed there to 6k
-(150 s); with n_step 3 and tau 0.01 besides, 182 after 11k gradient steps and 25k env
-steps (300 s, 400 s wall); batch 256, samples_per_insert 128, n_step 3, tau 0.02: 49
-after 2.5k. The learner set the pace (40-55 gradient steps/s in the program; the
-actors waited on the limiter), so what the test needs is fewer gradient steps to the
-target, not a higher update-to-data ratio. In the 300 s run the temperature rose from
-0.2 to ~0.55 and held the entropy at its target (-1) while the critics' Q (~30)
-stayed far below a balancing policy's (~100 at gamma 0.99). Startup under that load:
-inference compiled in 20-53 s, the learner step traced in 22-38 s.
+0.2, min_replay_size 1000, sgd_steps_per_sample 4: batch 128 at samples_per_insert 64
+(half a gradient step per env step) reached a greedy ~100 after 1.5k gradient steps
+and stayed there to 6k (150 s); with n_step 3 and tau 0.01 besides, 182 after 11k
+gradient steps and 25k env steps (300 s, 400 s wall); batch 256, samples_per_insert
+128, n_step 3, tau 0.02: 49 after 2.5k. The learner set the pace (40-55 gradient
+steps/s in the program; the actors waited on the limiter), so what the test needs is
+fewer gradient steps to the target, not a higher update-to-data ratio. In the 300 s
+run the temperature rose from 0.2 to ~0.55 and held the entropy at its target (-1)
+while the critics' Q (~30) stayed far below a balancing policy's (~100 at gamma 0.99).
+Startup under that load: inference compiled in 20-53 s, the learner step traced in
+22-38 s.
 
 20 evaluator envs (the launcher's default is 4): the target watches the last 20 greedy
 episodes, and a solved policy's are 1000 steps long. The evaluator steps its envs as one
