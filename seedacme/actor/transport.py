@@ -41,6 +41,25 @@ SLOW_CALL_WARNING_S = 5.0
 # the server's end dropped the connection while a partition hid its goodbye, nothing
 # else would ever be sent on it (a half-open connection: the actor waited for good).
 PROBE_INTERVAL_S = 10.0
+# While the server is away (not started yet, or gone), a fresh Courier client this
+# often: gRPC retries a channel's connection with a backoff that grows to 120 s, so an
+# actor started 2 minutes before the central node (its import and compile on a loaded
+# machine) first connected ~60 s after the node was serving (emulated hosts, issue 37),
+# and the run reached its target before it; a new channel tries at once.
+RECONNECT_AFTER_S = 5.0
+
+
+def fresh_client(client: Any) -> Any:
+  """A new Courier client of `client`'s server, on a channel of its own (None when
+  `client` is not a Courier client, e.g. an actor's own inference)."""
+  try:
+    import courier  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  if not isinstance(client, courier.Client):
+    return None
+  cls, args = client.__reduce__()
+  return cls(*args)
 
 
 class ServerAway(ConnectionError):
@@ -126,8 +145,22 @@ class RpcTransport:
                           str(e).strip().splitlines()[-1][:200], backoff)
           self._stop.wait(backoff)
           backoff = min(2 * backoff, 5.0)
+          self._reconnect()
           break
     return None
+
+  def _reconnect(self) -> None:
+    """After a failed call (the server went away): until a `ping` is answered, a
+    fresh client every `RECONNECT_AFTER_S` (see there); the request is then sent on
+    the one that answered. Not for an actor's own inference."""
+    if fresh_client(self._client) is None:
+      return
+    while not self._stop.is_set():
+      client = fresh_client(self._client)
+      answered = _wait(client.futures.ping(), RECONNECT_AFTER_S, self._stop)
+      if answered:
+        self._client = client
+        return
 
   def _probe(self) -> None:
     """A `ping` on the call's connection (class docstring); its answer is not awaited."""
@@ -141,6 +174,19 @@ class RpcTransport:
 
   def close(self) -> None:
     pass
+
+
+def _wait(future: futures.Future, timeout_s: float, stop: threading.Event) -> bool:
+  """Whether `future` is done (answered or failed) within `timeout_s`, in slices."""
+  deadline = time.monotonic() + timeout_s
+  while not stop.is_set() and time.monotonic() < deadline:
+    try:
+      future.exception(timeout=_SLICE_S)
+      return True
+    except futures.TimeoutError:
+      continue
+  future.cancel()
+  return False
 
 
 class ShmTransport:
@@ -278,6 +324,7 @@ class InferencePath:
     backoff = 0.1
     while not self._stop.is_set():
       future = offer_call(os.getpid())
+      asked = time.monotonic()
       try:
         while True:
           try:
@@ -288,6 +335,14 @@ class InferencePath:
             if self._stop.is_set():
               future.cancel()
               return None
+            fresh = None
+            if time.monotonic() - asked >= RECONNECT_AFTER_S:
+              fresh = fresh_client(self._client)
+            if fresh is not None:  # not connected yet: ask on a new channel
+              future.cancel()
+              self._client = fresh
+              offer_call = fresh.futures.shm_offer
+              future, asked = offer_call(os.getpid()), time.monotonic()
         if offer is None or not offer.get('closing'):
           return offer
         self._stop.wait(1.0)  # the node is stopping: its successor, or our stop, comes
