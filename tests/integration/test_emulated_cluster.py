@@ -1,0 +1,307 @@
+"""The cluster launcher across emulated hosts (issue 37): every host its own network
+namespace and address (`tests/emulated_hosts.py`), the same `launchers/cluster` command
+on each with its `--replicas`, one shared logdir (the namespaces share the filesystem).
+
+Faults are the network's and the hosts': a link down (partition), a host's processes
+killed for good (lost host) or the central host's (preemption), then the launcher run
+again there. One V-trace program carries every scenario but the replay host's (R2D2,
+the second program), since a program's start is most of a test's time: at load ~10 on
+2 cores the central node's imports and compile took ~2 minutes of the Catch test's
+424 s (R2D2: 204 s). Traffic goes only to the hosts' own 10.77.0.x addresses, inside
+the test's own user and network namespaces (no route out).
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from typing import Callable, Dict, List
+
+import pytest
+
+from seedacme.run import logdir as logdir_lib
+from tests.emulated_hosts import EmulatedHosts, unavailable
+from tests.integration.launch import TAG_VAR, checkpointed_learner_step, leftover_processes
+
+pytestmark = pytest.mark.integration
+_WHY = unavailable()
+
+
+def _need_hosts_and_xmanager() -> None:
+  if _WHY is not None:
+    pytest.skip(f'emulated hosts: {_WHY}')
+  if os.environ.get('SEEDACME_REQUIRE_VERTEX') == '1':
+    import xmanager  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  else:
+    pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
+
+
+class Cluster:
+  """Launchers of one program on emulated hosts, its logdir and what it logged."""
+
+  def __init__(self, hosts: EmulatedHosts, work: str, tmp: str,
+               spec: Dict[str, List[str]], flags: List[str]):
+    """`work`: logdir, logs; `tmp`: the launchers' temp dirs (a path without '_':
+    Launchpad 0.5.0's Vertex executables cannot use one)."""
+    self.hosts, self.work, self.tmp = hosts, work, tmp
+    self.tag = uuid.uuid4().hex
+    self.logdir = os.path.join(work, 'logdir')
+    spec_file = os.path.join(work, 'cluster.json')
+    with open(spec_file, 'w') as f:
+      json.dump(spec, f)
+    self.flags = [*flags, '--logdir', self.logdir, '--cluster_spec', f'@{spec_file}']
+    self.launches: Dict[str, List[int]] = {}  # host -> its launchers' handles
+
+  def launch(self, host: str, replicas: str) -> int:
+    """The README's command on `host`, starting `replicas`."""
+    n = len(self.launches.setdefault(host, []))
+    tmp = os.path.join(self.tmp, f'{host}{n}')
+    os.makedirs(tmp)
+    handle = self.hosts.run(
+        host, [sys.executable, '-m', 'seedacme.launchers.cluster', *self.flags,
+               '--replicas', replicas,
+               '--replica_logs', os.path.join(self.work, f'replicas{host}')],
+        env={'TMPDIR': tmp, 'HOME': self.work, TAG_VAR: self.tag},
+        log=self.launcher_log(host, n), cwd=self.work)
+    self.launches[host].append(handle)
+    return handle
+
+  def launcher_log(self, host: str, n: int = 0) -> str:
+    return os.path.join(self.work, f'launcher{host}{n}.txt')
+
+  def replica_log(self, host: str, replica: str) -> str:
+    with open(os.path.join(self.work, f'replicas{host}', replica.replace('/', '-')),
+              errors='replace') as f:
+      return f.read()
+
+  def log_with(self, host: str, replica: str, text: str, timeout: float) -> str:
+    """`replica`'s log once it holds `text`."""
+    def has():
+      log = self.replica_log(host, replica)
+      return log if text in log else None
+    return self.wait_for(f'{replica} to log {text!r}', has, timeout)
+
+  def records(self) -> List[Dict]:
+    try:
+      return [r for r in logdir_lib.read_progress(self.logdir) if 'event' not in r]
+    except (OSError, ValueError):
+      return []
+
+  def events(self) -> List[str]:
+    try:
+      return logdir_lib.read_events(self.logdir)
+    except (OSError, ValueError):
+      return []
+
+  def summary(self) -> Dict | None:
+    return logdir_lib.read_summary(self.logdir)
+
+  def wait_for(self, what: str, predicate: Callable[[], object], timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      got = predicate()
+      if got:
+        return got
+      time.sleep(0.5)
+    raise AssertionError(f'timed out after {timeout:.0f}s waiting for {what}; last '
+                         f'record: {(self.records() or [None])[-1]}')
+
+  def next_record(self, predicate: Callable[[Dict], bool], what: str, timeout: float,
+                  after: int | None = None) -> Dict:
+    """The first record after the `after`-th (default: those written so far) that
+    satisfies `predicate`."""
+    start = len(self.records()) if after is None else after
+    return self.wait_for(what, lambda: next(
+        (r for r in self.records()[start:] if predicate(r)), None), timeout)
+
+
+def _tmpdir() -> str:
+  """A temp dir without '_' (Launchpad 0.5.0's Vertex temp dirs cannot have one)."""
+  while True:
+    path = tempfile.mkdtemp(prefix='seedacmecluster', dir='/tmp')
+    if '_' not in path:
+      return path
+    os.rmdir(path)
+
+
+ADDRESSES = {'a': '10.77.0.2', 'b': '10.77.0.3', 'c': '10.77.0.4'}  # EmulatedHosts(['a', 'b', 'c'])
+
+
+@pytest.mark.timeout(900)
+def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_center(tmp_path):
+  """V-trace Catch, the same command on each host: central node, replay and actor/0 on
+  A, actor/1 on B, actor/2 and the evaluator on C. (a) Every actor serves, by the
+  right transport. (c) C lost for good. (b) B's link down for 20 s; then again, longer
+  than TCP's retransmission limit. (d) A's processes killed (a preemption) and its
+  launcher run again. (c) C's launcher run again: it rejoins, and the run reaches its
+  target. The target is the evaluator's, on C, so the run cannot end before C is back,
+  that is before every fault was shown (with the evaluator on B, Catch reached it
+  while C was still away)."""
+  _need_hosts_and_xmanager()
+  a, b, c = ADDRESSES['a'], ADDRESSES['b'], ADDRESSES['c']
+  spec = {'replay': [f'{a}:7000'], 'learner': [f'{a}:7001'],
+          'actor': [f'{a}:7100', f'{b}:7100', f'{c}:7100'], 'evaluator': [f'{c}:7101']}
+  replicas = {'a': 'replay/0,learner/0,actor/0', 'b': 'actor/1',
+              'c': 'actor/2,evaluator/0'}
+  work, tmp = str(tmp_path), _tmpdir()
+  timings = {}
+  started = time.monotonic()
+  try:
+    with EmulatedHosts(['a', 'b', 'c'], agent_log=os.path.join(work, 'agent.log')) as hosts:
+      cluster = Cluster(hosts, work, tmp, spec, [
+          'catch', 'vtrace', '3', '8', '--max_seconds', '600', '--target_return', '0.9',
+          '--target_on', 'eval', '--progress_interval_s', '3',
+          '--checkpoint_interval_s', '10'])
+      for host, names in replicas.items():
+        cluster.launch(host, names)
+
+      # (a) Every actor serves: A's through shared memory, B's and C's through
+      # Courier. The offer reaches them too (one boot id on every emulated host), but
+      # its abstract socket lives in A's network namespace: they fall back, and say so.
+      serving = cluster.next_record(
+          lambda r: r.get('actors_serving') == 3 and r.get('evaluator_serving'),
+          'every actor and the evaluator to serve', 300, after=0)
+      timings['serving'] = time.monotonic() - started
+      assert serving['actors_courier'] == 2 and serving['actors_shm'] == 1, serving
+      assert 'requests through shared memory' in cluster.replica_log('a', 'actor/0')
+      for host, replica in (('b', 'actor/1'), ('c', 'actor/2'), ('c', 'evaluator/0')):
+        log = cluster.log_with(host, replica, '(courier)', 10)  # its first answer
+        assert 'shared memory offered but not attached' in log, log[-2000:]
+        assert 'requests through shared memory' not in log
+
+      # (c) A lost host: everything on C killed. The run goes on without it, and the
+      # records say two of three actors serve, and no evaluator.
+      assert hosts.kill_host('c') >= 3  # launcher, actor and evaluator nodes, children
+      lost = cluster.next_record(lambda r: r.get('actors_serving') == 2
+                                 and not r.get('evaluator_serving'),
+                                 'the records to show C lost', 30)
+      more = cluster.next_record(lambda r: r['env_steps'] > lost['env_steps'],
+                                 'the run to go on without C', 30)
+      assert more['actors_serving'] == 2 and more['actors'] == 3
+
+      # (b) A partition: B's link down for 20 s. B's actor waits, then resumes in the
+      # same process.
+      hosts.link('b', up=False)
+      cut = time.monotonic()
+      during = cluster.next_record(lambda r: r.get('actors_serving') == 1,
+                                   'the progress log to show B gone', 15)
+      time.sleep(max(0.0, 20 - (time.monotonic() - cut)))
+      hosts.link('b', up=True)
+      healed = time.monotonic()
+      back = cluster.next_record(lambda r: r.get('actors_serving') == 2,
+                                 'B\'s actor to serve again', 60)
+      timings['partition_resume_after_link_up'] = time.monotonic() - healed
+      assert during['env_steps'] < back['env_steps']
+      assert back['actor_restarts'] == serving['actor_restarts'] == 0
+
+      # (b, long) A partition longer than TCP's retransmission limit, the one timeout
+      # on this path (Courier sets no deadline, no supervisor or launcher watches the
+      # network; tcp_retries2, ~15 min by default, here 3 retransmissions, ~3 s, in
+      # A's and B's kernels): A's end gives up what it was sending; B resumes when
+      # the link is back, in the same process.
+      for host in 'ab':
+        assert hosts.wait(hosts.run(host, ['sysctl', '-qw', 'net.ipv4.tcp_retries2=3']),
+                          10) == 0
+      hosts.link('b', up=False)
+      cluster.next_record(lambda r: r.get('actors_serving') == 1, 'B gone again', 15)
+      time.sleep(20)
+      hosts.link('b', up=True)
+      healed = time.monotonic()
+      cluster.next_record(lambda r: r.get('actors_serving') == 2, 'B back again', 60)
+      timings['long_partition_resume_after_link_up'] = time.monotonic() - healed
+
+      # (d) The central host preempted: every process on A killed (launcher,
+      # supervisors, the central node, replay, actor/0), after a checkpoint. Its
+      # launcher run again resumes from the checkpoint; B's actor attaches to the new
+      # central node in the process it ran in.
+      cluster.wait_for('a checkpoint', lambda: checkpointed_learner_step(cluster.logdir),
+                       60)
+      assert hosts.kill_host('a') >= 5
+      cluster.launch('a', replicas['a'])
+      preempted = time.monotonic()
+      resumed = cluster.wait_for('the resume', lambda: next(
+          (e for e in cluster.events() if e.startswith('resumed from checkpoint')), None),
+          300)
+      cluster.next_record(lambda r: r.get('actors_serving') == 2, 'A\'s and B\'s actors',
+                          120, after=len(cluster.records()))
+      timings['central_host_back'] = time.monotonic() - preempted
+      log = cluster.replica_log('b', 'actor/1')
+      assert log.count('started child process') == 1, log[-2000:]  # never restarted
+
+      # (c, rejoin) C's launcher run again: its actor and the evaluator join the run,
+      # which then reaches its target.
+      cluster.launch('c', replicas['c'])
+      rejoined = time.monotonic()
+      cluster.next_record(lambda r: r.get('actors_serving') == 3 and
+                          r.get('evaluator_serving'), 'C to rejoin', 240)
+      timings['rejoin'] = time.monotonic() - rejoined
+      summary = cluster.wait_for('the run to end', cluster.summary, 300)
+      for host, n in (('a', 1), ('b', 0), ('c', 1)):
+        assert hosts.wait(cluster.launches[host][n], 60) == 0, host
+      timings['total'] = time.monotonic() - started
+  finally:
+    leftovers = leftover_processes(cluster.tag) if 'cluster' in locals() else []
+    shutil.rmtree(tmp, ignore_errors=True)
+  print('timings', {k: round(v) for k, v in timings.items()})
+  assert summary['stop']['kind'] == 'eval_target' and summary['stop']['value'] >= 0.9
+  assert summary['transports'] == {'actor/0': 'shm', 'actor/1': 'courier',
+                                   'actor/2': 'courier', 'evaluator/0': 'courier'}
+  assert summary['actors'] == 3 and summary['actor_restarts'] == 0
+  assert summary['resumed_from_learner_step'] is not None, resumed
+  assert not leftovers, leftovers
+
+
+@pytest.mark.timeout(600)
+def test_r2d2_waits_out_a_partition_of_its_replay_host(tmp_path):
+  """(e) R2D2 with the replay node alone on host D, D's link down for 20 s: the
+  learner's dataset says the server is away and waits; the central node's writer keeps
+  the sequences it holds (its queue, then inference waits: nothing dropped) and says
+  so; both go on when D is back, with nothing restarted."""
+  _need_hosts_and_xmanager()
+  work, tmp = str(tmp_path), _tmpdir()
+  try:
+    with EmulatedHosts(['a', 'd'], agent_log=os.path.join(work, 'agent.log')) as hosts:
+      a, d = hosts.addresses['a'], hosts.addresses['d']
+      spec = {'replay': [f'{d}:7000'], 'learner': [f'{a}:7001'],
+              'actor': [f'{a}:7100', f'{a}:7101']}
+      cluster = Cluster(hosts, work, tmp, spec, [
+          'catch', 'r2d2', '2', '8', '--num_eval_envs', '0', '--max_seconds', '150',
+          '--progress_interval_s', '3'])
+      cluster.launch('d', 'replay/0')
+      cluster.launch('a', 'learner/0,actor/0,actor/1')
+      learning = cluster.next_record(lambda r: r['learner_steps'] > 0, 'learning', 300,
+                                     after=0)
+      hosts.link('d', up=False)
+      cut = time.monotonic()
+      away = cluster.next_record(lambda r: r['replay_size'] is None, 'replay away', 15)
+      time.sleep(max(0.0, 20 - (time.monotonic() - cut)))
+      stalled = cluster.records()[-1]
+      hosts.link('d', up=True)
+      healed = time.monotonic()
+      back = cluster.next_record(
+          lambda r: r['replay_size'] is not None and r['learner_steps'] > stalled['learner_steps'],
+          'learning to go on', 90)
+      resume_s = time.monotonic() - healed
+      summary = cluster.wait_for('the run to end', cluster.summary, 300)
+      codes = {h: hosts.wait(cluster.launches[h][0], 60) for h in 'ad'}
+      central = cluster.replica_log('a', 'learner/0')
+      replay = cluster.replica_log('d', 'replay/0')
+  finally:
+    leftovers = leftover_processes(cluster.tag) if 'cluster' in locals() else []
+    shutil.rmtree(tmp, ignore_errors=True)
+  print('resumed', round(resume_s), 's after the link came back')
+  assert learning['replay_size'] is not None and away['learner_steps'] >= learning['learner_steps']
+  assert back['learner_steps'] > stalled['learner_steps']
+  # The dataset and the writer said the server was away, and that it came back.
+  assert 'unreachable while sampling' in central and 'sampling again after' in central
+  assert 'unconfirmed items kept; reconnecting' in central
+  assert 'reachable again after' in central
+  # Nothing restarted: one child per supervisor, and the run ended by its budget.
+  assert central.count('started child process') == 1, central[-3000:]
+  assert replay.count('started child process') == 1, replay[-3000:]
+  assert summary['stop']['kind'] == 'time' and summary['actor_restarts'] == 0
+  assert codes == {'a': 0, 'd': 0}, codes
+  assert not leftovers, leftovers
