@@ -17,15 +17,31 @@ Also per row: CPU microseconds per env step of the actor nodes and of the centra
 (user + system of all their processes, over the same steady window as the rate): with
 every core busy, the mode that spends less CPU per env step serves more env steps.
 
+`--cross_host` adds `cross_*` rows: central inference with the actors on another host,
+over Courier (the only way there), beside the same-host rows. The hosts are emulated
+(`tests/emulated_hosts.py`: network namespaces on one machine, unprivileged) and the
+program is started by the cluster launcher on each, as a user would across machines:
+the central node and replay on host A, every actor on host B. One kernel still carries
+both ends, so the rows show the cost of Courier's network path (TCP over a veth pair and
+a bridge instead of loopback) and the absence of shared memory, not a real network's
+latency. Needs xmanager (requirements/vertex.txt) and user namespaces.
+
 Prints the tables and writes bench/results/acting[_quick].json. Asserts nothing about
 speed: it reports.
 """
 
 import argparse
+import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 
-from harness import ProgramRun, env_ceiling, machine, print_table, write_json
+import psutil
+
+from harness import (REPO, TAG_VAR, ProgramRun, env_ceiling, machine, print_table,
+                     tagged_processes, write_json)
 
 # Frames per env step: Atari repeats each action 4 times.
 FRAMES_PER_STEP = {'catch': 1, 'atari': 4}
@@ -47,6 +63,86 @@ MODES = (('central', ['--inference', 'central', '--transport', 'courier']),
          ('actor', ['--inference', 'actor']))
 
 
+CROSS = ('cross', ['--inference', 'central', '--transport', 'courier'])
+
+
+class CrossHostRun(ProgramRun):
+  """The same program through `launchers/cluster.py` on two emulated hosts: replay
+  and the central node on A, the actors on B; read from outside as `ProgramRun` does
+  (progress from the shared logdir, CPU and RSS per node from the replicas' logs)."""
+
+  def run(self, timeout_s: float):
+    sys.path.insert(0, REPO)
+    from tests.emulated_hosts import EmulatedHosts  # pylint: disable=g-import-not-at-top
+    actors = int(self.args[2])  # [env, agent, actors, K, ...]
+    logs = os.path.join(self.workdir, 'replicas') + os.sep
+    tmp = tempfile.mkdtemp(prefix='seedacmecross', dir='/tmp')  # Vertex path: no '_'
+    start = time.monotonic()
+    code, timed_out, offset = 1, False, 0
+    try:
+      with EmulatedHosts(['a', 'b']) as hosts:
+        a, b = hosts.addresses['a'], hosts.addresses['b']
+        spec = {'replay': [f'{a}:7000'], 'learner': [f'{a}:7001'],
+                'actor': [f'{b}:{7100 + i}' for i in range(actors)]}
+        spec_file = os.path.join(self.workdir, 'cluster.json')
+        with open(spec_file, 'w') as f:
+          json.dump(spec, f)
+        handles = {}
+        for host, replicas in (('a', 'replay/0,learner/0'),
+                               ('b', ','.join(f'actor/{i}' for i in range(actors)))):
+          os.makedirs(os.path.join(tmp, host))
+          handles[host] = hosts.run(
+              host, [sys.executable, '-m', 'seedacme.launchers.cluster', *self.args,
+                     '--progress_interval_s', '1', '--cluster_spec', f'@{spec_file}',
+                     '--replicas', replicas, '--replica_logs', logs],
+              env={**self.env, TAG_VAR: self.tag, 'TMPDIR': os.path.join(tmp, host)},
+              log=os.path.join(self.workdir, f'launcher_{host}.txt'), cwd=REPO)
+        while any(hosts.poll(h) is None for h in handles.values()):
+          time.sleep(0.5)
+          now = time.monotonic() - start
+          if now > timeout_s:
+            timed_out = True
+            break
+          offset = self._read_progress(offset, now)
+          self._sample(logs)
+        code = max(abs(hosts.poll(h) or 0) for h in handles.values()) if not timed_out \
+            else 1
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    self._read_progress(offset, time.monotonic() - start)
+    summary = self.summary_or_empty()
+    return {'exit_code': code, 'timed_out': timed_out,
+            'leftovers': [p.pid for p in tagged_processes(self.tag)], 'summary': summary,
+            'wall_s': time.monotonic() - start, 'load_1m_at_end': os.getloadavg()[0]}
+
+  def summary_or_empty(self):
+    from seedacme.run import logdir as logdir_lib  # pylint: disable=g-import-not-at-top
+    return logdir_lib.read_summary(self.logdir) or {}
+
+  def _sample(self, logs: str) -> None:
+    """RSS and CPU per node (`actor-0` log -> node `actor/0`), as `ProgramRun`."""
+    rss, cpu = {}, {}
+    for p in tagged_processes(self.tag):
+      try:
+        out = os.readlink(f'/proc/{p.pid}/fd/1')
+        if not out.startswith(logs):
+          continue
+        node = out[len(logs):].replace('-', '/')
+        rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
+        times = p.cpu_times()
+        cpu[p.pid] = (node, times.user + times.system)
+      except (OSError, psutil.Error):
+        continue
+    for node, mb in rss.items():
+      self.peak_rss[node] = max(self.peak_rss.get(node, 0.0), mb)
+    if self.records and self.records[-1].get('env_steps'):
+      self._cpu_seen.update(cpu)
+      per_node = {}
+      for node, seconds in self._cpu_seen.values():
+        per_node[node] = per_node.get(node, 0.0) + seconds
+      self.cpu_samples.append((self.records[-1]['elapsed_s'], time.monotonic(), per_node))
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
@@ -57,7 +153,11 @@ def main() -> int:
                       help="comma-separated subset of 'central,shm,actor' (default: all)")
   parser.add_argument('--configs', default=None,
                       help="e.g. 'catch:2:1,atari:2:16' (default: all of configs())")
+  parser.add_argument('--cross_host', action='store_true',
+                      help='add cross_* rows: actors on another emulated host, over '
+                      'Courier, through the cluster launcher (module docstring)')
   args = parser.parse_args()
+  modes = MODES + ((CROSS,) if args.cross_host else ())
   seconds = args.seconds or (15.0 if args.quick else 35.0)
   rows = []
   chosen = configs(args.quick) if not args.configs else [
@@ -70,12 +170,13 @@ def main() -> int:
     extra += ['--env_engine', engine]
     row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k,
            'engine': engine}
-    for mode, flags in MODES:
+    for mode, flags in modes:
       if args.modes and mode not in args.modes.split(','):
         continue
-      run = ProgramRun([env, 'vtrace', str(actors), str(k), *flags,
-                        '--acting_only', '--num_eval_envs', '0',
-                        '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
+      kind = CrossHostRun if mode == 'cross' else ProgramRun
+      run = kind([env, 'vtrace', str(actors), str(k), *flags,
+                  '--acting_only', '--num_eval_envs', '0',
+                  '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
       started = time.monotonic()
       result = run.run(timeout_s=seconds + 150)
       rate = run.steady_rate('env_steps') * FRAMES_PER_STEP[env]
@@ -92,19 +193,22 @@ def main() -> int:
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
     row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0,
                                        engine=engine) * FRAMES_PER_STEP[env]
-    ran = [m for m, _ in MODES if f'{m}_per_s' in row]
+    ran = [m for m, _ in modes if f'{m}_per_s' in row]
     for mode in ran:
       row[f'{mode}_cpu_us_per_step'] = (row[f'{mode}_actor_cpu_us_per_step']
                                         + row[f'{mode}_learner_cpu_us_per_step'])
       row[f'{mode}_of_ceiling'] = row[f'{mode}_per_s'] / row['ceiling_per_s']
-    for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central')):
+    for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central'),
+                 ('cross', 'central'), ('cross', 'shm')):
       if a in ran and b in ran:
         row[f'{a}_vs_{b}'] = row[f'{a}_per_s'] / row[f'{b}_per_s']
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
   print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'shm_per_s',
-                     'actor_per_s', 'central_vs_actor', 'shm_vs_actor', 'shm_vs_central',
+                     'actor_per_s', *(['cross_per_s', 'cross_vs_central', 'cross_vs_shm']
+                                      if args.cross_host else []),
+                     'central_vs_actor', 'shm_vs_actor', 'shm_vs_central',
                      'ceiling_per_s', 'shm_of_ceiling', 'shm_actor_rss_mb',
                      'actor_actor_rss_mb'])
   print('\nCPU microseconds per env step (user + system, all processes of the node type):'
@@ -113,11 +217,13 @@ def main() -> int:
                      'central_learner_cpu_us_per_step', 'central_cpu_us_per_step',
                      'shm_actor_cpu_us_per_step', 'shm_learner_cpu_us_per_step',
                      'shm_cpu_us_per_step', 'actor_actor_cpu_us_per_step',
-                     'actor_learner_cpu_us_per_step', 'actor_cpu_us_per_step'])
+                     'actor_learner_cpu_us_per_step', 'actor_cpu_us_per_step',
+                     *(['cross_actor_cpu_us_per_step', 'cross_learner_cpu_us_per_step',
+                        'cross_cpu_us_per_step'] if args.cross_host else [])])
   path = write_json('acting_quick.json' if args.quick else 'acting.json',
                     {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
   print(f'acting: wrote {path}')
-  failed = [r for r in rows if any(r.get(f'{m}_exit') for m, _ in MODES)]
+  failed = [r for r in rows if any(r.get(f'{m}_exit') for m, _ in modes)]
   return 1 if failed else 0
 
 
