@@ -77,8 +77,12 @@ _SERVER = '''
 import sys, time
 import courier
 server = courier.Server('central', port=7001)
-hang = sys.argv[1] == 'hang'
-server.Bind('step', lambda request: time.sleep(3600) if hang else {'action': [0, 0]})
+def step(request):
+  if sys.argv[1] == 'hang':
+    print('request', flush=True)  # received (and acknowledged): now wait for good
+    time.sleep(3600)
+  return {'action': [0, 0]}
+server.Bind('step', step)
 server.Bind('ping', lambda *args: True)
 server.Start()
 print('serving', flush=True)
@@ -105,8 +109,10 @@ def test_a_call_left_on_a_connection_the_server_dropped_during_a_partition_is_re
     tmp_path):
   # A half-open connection, made on purpose: the actor's call waits on host B; B's
   # link goes down; the server on A dies (its goodbye lost in the partition) and a new
-  # one serves the same port; the link comes back. The actor that probes is answered
-  # by the new server; one that does not (probes off) still waits on the dead one.
+  # one serves the same port; the link comes back. The actor is answered by the new
+  # server. (A control with probes off waited on the dead connection in the first
+  # runs, but was answered in 8 of 12 later ones, its call apparently sent again by
+  # gRPC itself: not asserted.)
   import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
@@ -130,10 +136,9 @@ def test_a_call_left_on_a_connection_the_server_dropped_during_a_partition_is_re
   with EmulatedHosts(['a', 'b']) as hosts:
     old = hosts.run('a', [sys.executable, '-c', _SERVER, 'hang'], log=str(tmp_path / 'old'))
     assert wait_for('old', 'serving', 60)
-    for name, interval in (('probing', '1'), ('silent', '1e9')):
-      hosts.run('b', [sys.executable, '-c', _CLIENT, interval], log=str(tmp_path / name))
-    assert wait_for('probing', 'calling', 60) and wait_for('silent', 'calling', 60)
-    time.sleep(2)  # both calls wait on the old server
+    hosts.run('b', [sys.executable, '-c', _CLIENT, '1'], log=str(tmp_path / 'probing'))
+    assert wait_for('old', 'request', 60)  # the call reached the old server, and waits
+    time.sleep(1)  # their acknowledgements delivered: nothing left to send on B's side
     hosts.link('b', up=False)
     hosts.signal(old, 9)
     assert hosts.wait(old, 10) is not None
@@ -141,4 +146,3 @@ def test_a_call_left_on_a_connection_the_server_dropped_during_a_partition_is_re
     assert wait_for('new', 'serving', 60)
     hosts.link('b', up=True)
     assert wait_for('probing', 'answered', 30), text('probing')
-    assert 'answered' not in text('silent')  # waits on the half-open connection
