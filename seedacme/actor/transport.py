@@ -16,9 +16,15 @@ again whenever the server goes away:
 `ProgramConfig.transport`: 'auto' (shared memory when offered here), 'courier' (the
 comparison), 'shm' (shared memory or fail at attach). The actor's loop never knows.
 
-Why ~320 lines: three ways to the server (Courier, shared memory, the choice and re-
+Across hosts (issue 37, emulated hosts) two ways of waiting for good were found and
+closed: a call left on a connection a partition made half-open (`RpcTransport`'s probe)
+and a channel whose reconnect backoff had grown to a minute while the server was away
+(fresh clients, `RECONNECT_AFTER_S`).
+
+Why ~410 lines: three ways to the server (Courier, shared memory, the choice and re-
 attach between them) share one retry and patience policy; the shared-memory attach
-(offer for this pid, ticket, fallback) is most of it.
+(offer for this pid, ticket, fallback) is most of it, the Courier path's probe and
+reconnect most of the rest.
 """
 
 import os
