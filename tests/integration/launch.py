@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from typing import Dict, List
@@ -19,6 +20,16 @@ from seedacme.launchers import process
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tmpdir_without_underscore(prefix: str) -> str:
+  """A new dir under /tmp without '_' (Launchpad 0.5.0's Vertex temp dirs cannot have one;
+  pytest's paths have)."""
+  while True:
+    path = tempfile.mkdtemp(prefix=prefix, dir='/tmp')
+    if '_' not in path:
+      return path
+    os.rmdir(path)
 
 
 def leftover_processes(tag: str) -> List[int]:

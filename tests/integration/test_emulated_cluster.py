@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from typing import Callable, Dict, List
@@ -24,7 +23,8 @@ import pytest
 
 from seedacme.run import logdir as logdir_lib
 from tests.emulated_hosts import EmulatedHosts, unavailable
-from tests.integration.launch import TAG_VAR, checkpointed_learner_step, leftover_processes
+from tests.integration.launch import (TAG_VAR, checkpointed_learner_step, leftover_processes,
+                                      tmpdir_without_underscore)
 
 pytestmark = pytest.mark.integration
 _WHY = unavailable()
@@ -118,15 +118,6 @@ class Cluster:
         (r for r in self.records()[start:] if predicate(r)), None), timeout)
 
 
-def _tmpdir() -> str:
-  """A temp dir without '_' (Launchpad 0.5.0's Vertex temp dirs cannot have one)."""
-  while True:
-    path = tempfile.mkdtemp(prefix='seedacmecluster', dir='/tmp')
-    if '_' not in path:
-      return path
-    os.rmdir(path)
-
-
 ADDRESSES = {'a': '10.77.0.2', 'b': '10.77.0.3', 'c': '10.77.0.4'}  # EmulatedHosts(['a', 'b', 'c'])
 
 
@@ -146,7 +137,7 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
           'actor': [f'{a}:7100', f'{b}:7100', f'{c}:7100'], 'evaluator': [f'{c}:7101']}
   replicas = {'a': 'replay/0,learner/0,actor/0', 'b': 'actor/1',
               'c': 'actor/2,evaluator/0'}
-  work, tmp = str(tmp_path), _tmpdir()
+  work, tmp = str(tmp_path), tmpdir_without_underscore('seedacmecluster')
   timings = {}
   started = time.monotonic()
   try:
@@ -261,7 +252,7 @@ def test_r2d2_waits_out_a_partition_of_its_replay_host(tmp_path):
   the sequences it holds (its queue, then inference waits: nothing dropped) and says
   so; both go on when D is back, with nothing restarted."""
   _need_hosts_and_xmanager()
-  work, tmp = str(tmp_path), _tmpdir()
+  work, tmp = str(tmp_path), tmpdir_without_underscore('seedacmecluster')
   try:
     with EmulatedHosts(['a', 'd'], agent_log=os.path.join(work, 'agent.log')) as hosts:
       a, d = hosts.addresses['a'], hosts.addresses['d']

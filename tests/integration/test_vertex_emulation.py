@@ -8,12 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 
 import pytest
 
-from tests.integration.launch import TAG_VAR, leftover_processes, target_value
+from tests.integration.launch import (TAG_VAR, leftover_processes, target_value,
+                                      tmpdir_without_underscore)
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 def test_emulated_vertex_cluster_trains_catch_and_every_replica_exits_0(tmp_path):
   _need_xmanager()
   tag = uuid.uuid4().hex
-  tmp = _tmpdir_without_underscore()
+  tmp = tmpdir_without_underscore('seedacmetest')
   logdir = tmp_path / 'logdir'
   env = dict(os.environ, TMPDIR=str(tmp), HOME=str(tmp_path), **{TAG_VAR: tag})
   try:
@@ -59,15 +59,6 @@ def _need_xmanager() -> None:
     pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
 
 
-def _tmpdir_without_underscore() -> str:
-  """Launchpad 0.5.0 draws Vertex temp dirs until one has no '_' (pytest's paths have)."""
-  while True:
-    path = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
-    if '_' not in path:
-      return path
-    os.rmdir(path)
-
-
 @pytest.mark.timeout(330)
 def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
   # Two "hosts": two own-machines launchers, the same command and cluster spec, each
@@ -87,7 +78,7 @@ def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
   procs, tmps = {}, []
   try:
     for host, replicas in hosts.items():
-      tmp = _tmpdir_without_underscore()
+      tmp = tmpdir_without_underscore('seedacmetest')
       tmps.append(tmp)
       env = dict(os.environ, TMPDIR=str(tmp), HOME=str(tmp_path), **{TAG_VAR: tag})
       procs[host] = subprocess.Popen(
