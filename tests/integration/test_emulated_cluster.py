@@ -245,6 +245,10 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   assert not leftovers, leftovers
 
 
+# ~3 min alone (177 s at load 2-5): with the Catch program (~2.5 min) the two exceed the
+# ~3 minutes issue 37 allows the suite, so this one runs with the slow tests.
+@pytest.mark.skipif(not os.environ.get('SEEDACME_SLOW_TESTS'),
+                    reason='about 3 minutes; set SEEDACME_SLOW_TESTS=1')
 @pytest.mark.timeout(600)
 def test_r2d2_waits_out_a_partition_of_its_replay_host(tmp_path):
   """(e) R2D2 with the replay node alone on host D, D's link down for 20 s: the
