@@ -7,10 +7,12 @@ summary and any process left behind. `env_ceiling` measures how fast the same en
 with random actions and no inference, in the same number of processes.
 """
 
+import atexit
 import json
 import multiprocessing
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -111,6 +113,9 @@ class ProgramRun:
     self.name = name
     self.env = dict(env or {})  # added to the program's environment
     self.tag = uuid.uuid4().hex
+    # A workdir of our own (logs, logdir) is removed when the bench exits if the run
+    # ended cleanly; one that failed is kept, and named, to read its logs.
+    self._own_workdir = workdir is None
     self.workdir = workdir or tempfile.mkdtemp(prefix=f'seedacme_bench_{name}_')
     self.logdir = os.path.join(self.workdir, 'logdir')
     self.args = list(args) + ['--logdir', self.logdir, '--checkpoint_interval_s', '0']
@@ -166,6 +171,11 @@ class ProgramRun:
       except OSError:
         pass
     summary = logdir_lib.read_summary(self.logdir) or {}
+    if self._own_workdir:
+      if code == 0 and not timed_out and not leftovers:
+        atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
+      else:
+        print(f'{self.name}: logs kept in {self.workdir}', flush=True)
     return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
             'summary': summary, 'wall_s': time.monotonic() - start,
             'load_1m_at_end': os.getloadavg()[0]}
