@@ -75,7 +75,10 @@ class PPOConfig:
       (CleanRL's NormalizeReward), clipped to +-reward_norm_clip.
     carry_reward_returns: each env's discounted return runs on across its unrolls
       (default, as gymnasium's NormalizeReward over an episode); False restarts it at
-      every unroll (the first implementation, kept for comparison).
+      every unroll (the first implementation, kept for comparison). The carried
+      returns are not checkpointed: after a resume each env's starts again at 0, as
+      at the start of a run (actors restart their episodes unless they re-attach; the
+      running std itself is checkpointed, so one unroll's smaller returns move it little).
     reward_clip, reward_scale: clip rewards (Atari: 1), then scale.
   """
   unroll_length: int = 64
