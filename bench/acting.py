@@ -26,7 +26,7 @@ both ends, so the rows show the cost of Courier's network path (TCP over a veth 
 a bridge instead of loopback) and the absence of shared memory, not a real network's
 latency. Needs xmanager (requirements/vertex.txt) and user namespaces.
 
-Prints the tables and writes bench/results/acting[_quick].json. Asserts nothing about
+Prints the tables and writes bench/results/acting[_quick].json (`--out` names another). Asserts nothing about
 speed: it reports.
 """
 
@@ -156,6 +156,8 @@ def main() -> int:
   parser.add_argument('--cross_host', action='store_true',
                       help='add cross_* rows: actors on another emulated host, over '
                       'Courier, through the cluster launcher (module docstring)')
+  parser.add_argument('--out', default=None,
+                      help='name of the JSON in bench/results/ (default acting[_quick].json)')
   args = parser.parse_args()
   modes = MODES + ((CROSS,) if args.cross_host else ())
   seconds = args.seconds or (15.0 if args.quick else 35.0)
@@ -220,7 +222,7 @@ def main() -> int:
                      'actor_learner_cpu_us_per_step', 'actor_cpu_us_per_step',
                      *(['cross_actor_cpu_us_per_step', 'cross_learner_cpu_us_per_step',
                         'cross_cpu_us_per_step'] if args.cross_host else [])])
-  path = write_json('acting_quick.json' if args.quick else 'acting.json',
+  path = write_json(args.out or ('acting_quick.json' if args.quick else 'acting.json'),
                     {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
   print(f'acting: wrote {path}')
   failed = [r for r in rows if any(r.get(f'{m}_exit') for m, _ in modes)]

@@ -315,8 +315,9 @@ def split_passthrough(argv: List[str]) -> 'tuple[List[str], List[str]]':
 def write_json(name: str, payload: Dict[str, Any]) -> str:
   os.makedirs(RESULTS, exist_ok=True)
   path = os.path.join(RESULTS, name)
-  with open(path, 'w') as f:
+  with open(path + '.tmp', 'w') as f:  # a reader never sees half a file
     json.dump(payload, f, indent=1)
+  os.replace(path + '.tmp', path)
   return path
 
 
