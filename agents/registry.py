@@ -168,14 +168,14 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # x 2048 env steps ~ 1M env steps (CleanRL: 1M // 2048 = 488 updates; the
     # published runs passed 490 by hand); the normalizers' statistics move with the
     # learner, not an env wrapper; no value clip (CleanRL: 0.2); training envs start
-    # at random phases (`_PPO_TRAIN_ENVS`); the initial action std 0.5, not 1
-    # (init_log_std -0.69; Andrychowicz et al. 2021, "What matters in on-policy RL",
-    # recommend 0.5): HalfCheetah-v5 at 500k env steps, seeds 0 / 1, 5,164 / 5,435
-    # against std 1's 1,461 / 1,171 (docs/benchmarks.md, issue 36).
+    # at random phases (`_PPO_TRAIN_ENVS`). The initial action std stays CleanRL's 1:
+    # 0.5 (`--agent_config init_log_std=-0.69`, the README's HalfCheetah line) lifts
+    # HalfCheetah-v5 to a median 5,394 at 1M (std 1: 1,725) but held Hopper-v5 at 715
+    # (std 1: 1,710 at 400k), docs/benchmarks.md (issue 36).
     'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
                    queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
-                   squash='clip', init_log_std=-0.69),
+                   squash='clip'),
     # Atari: exactly what the published Pong run used (bench/published/
     # pong_learning_ppo.json passed no --agent_config: this entry and PPOConfig's
     # defaults of that day, before the objective existed).
