@@ -31,6 +31,7 @@ speed: it reports.
 """
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -111,9 +112,15 @@ class CrossHostRun(ProgramRun):
       shutil.rmtree(tmp, ignore_errors=True)
     self._read_progress(offset, time.monotonic() - start)
     summary = self.summary_or_empty()
-    return {'exit_code': code, 'timed_out': timed_out,
-            'leftovers': [p.pid for p in tagged_processes(self.tag)], 'summary': summary,
-            'wall_s': time.monotonic() - start, 'load_1m_at_end': os.getloadavg()[0]}
+    leftovers = [p.pid for p in tagged_processes(self.tag)]
+    if self._own_workdir:  # as ProgramRun: a clean run's /tmp workdir goes at exit
+      if code == 0 and not timed_out and not leftovers:
+        atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
+      else:
+        print(f'{self.name}: logs kept in {self.workdir}', flush=True)
+    return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
+            'summary': summary, 'wall_s': time.monotonic() - start,
+            'load_1m_at_end': os.getloadavg()[0]}
 
   def summary_or_empty(self):
     from seedacme.run import logdir as logdir_lib  # pylint: disable=g-import-not-at-top
