@@ -31,7 +31,6 @@ speed: it reports.
 """
 
 import argparse
-import atexit
 import json
 import os
 import shutil
@@ -113,11 +112,7 @@ class CrossHostRun(ProgramRun):
     self._read_progress(offset, time.monotonic() - start)
     summary = self.summary_or_empty()
     leftovers = [p.pid for p in tagged_processes(self.tag)]
-    if self._own_workdir:  # as ProgramRun: a clean run's /tmp workdir goes at exit
-      if code == 0 and not timed_out and not leftovers:
-        atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
-      else:
-        print(f'{self.name}: logs kept in {self.workdir}', flush=True)
+    self.release_workdir(clean=code == 0 and not timed_out and not leftovers)
     return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
             'summary': summary, 'wall_s': time.monotonic() - start,
             'load_1m_at_end': os.getloadavg()[0]}

@@ -171,14 +171,20 @@ class ProgramRun:
       except OSError:
         pass
     summary = logdir_lib.read_summary(self.logdir) or {}
-    if self._own_workdir:
-      if code == 0 and not timed_out and not leftovers:
-        atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
-      else:
-        print(f'{self.name}: logs kept in {self.workdir}', flush=True)
+    self.release_workdir(clean=code == 0 and not timed_out and not leftovers)
     return {'exit_code': code, 'timed_out': timed_out, 'leftovers': leftovers,
             'summary': summary, 'wall_s': time.monotonic() - start,
             'load_1m_at_end': os.getloadavg()[0]}
+
+  def release_workdir(self, clean: bool) -> None:
+    """A workdir this run made itself goes when the bench exits after a clean run; kept
+    and named otherwise (the logs are the evidence)."""
+    if not self._own_workdir:
+      return
+    if clean:
+      atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
+    else:
+      print(f'{self.name}: logs kept in {self.workdir}', flush=True)
 
   def _read_progress(self, offset: int, now: float) -> int:
     records, offset = logdir_lib.tail_lines(self.logdir, offset)
