@@ -99,6 +99,32 @@ def test_a_learner_step_updates_critics_actor_temperature_and_polyak_targets():
   assert learner.num_steps.numpy() == 1
 
 
+def test_normalized_observations_are_learned_by_the_learner_and_read_by_the_server():
+  # observation_normalization=True (the InvertedPendulum test's cause): the learner's
+  # step adds its batch's first observations to the statistics, and the served policy,
+  # compiled once before, acts on those very statistics (not on a copy taken at trace).
+  config = SACConfig(batch_size=8, min_replay_size=8, hidden_sizes=(16,),
+                     observation_normalization=True)
+  builder = SACBuilder(config)
+  nets = builder.make_networks(SPEC)
+  learner = SACLearner(nets, config, None, builder.item_signature(SPEC), builder.layout(SPEC))
+  policy = builder.make_policy(nets, SPEC, 4, 4)
+  obs = (100.0 + np.random.default_rng(1).normal(size=(4, 5))).astype(np.float32)
+  everyone = np.ones(4, bool)
+  policy.step(np.arange(4), obs, everyone, everyone)  # traced with the initial statistics
+  batch = _batch(1)
+  batch['observation'] = batch['observation'] * 0.01 + 100.0
+  learner.train_on(batch)
+  normalizer = nets.actor.normalizer
+  assert normalizer.count.numpy() == 8
+  np.testing.assert_allclose(normalizer.mean.numpy(), batch['observation'][:, 0].numpy().mean(0),
+                             rtol=1e-5)
+  (params, _), _ = nets.actor(obs)
+  expected = nets.actor.head.to_env(nets.actor.head.mode(params)).numpy()
+  served = policy.step(np.arange(4), obs, everyone, everyone).action
+  np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_served_actions_stay_in_bounds_and_evaluators_take_the_mean():
   builder = SACBuilder(SACConfig(hidden_sizes=(16,)))
   nets = builder.make_networks(SPEC)
