@@ -206,27 +206,51 @@ def derive(published: str = PUBLISHED) -> Dict[str, float]:
 
 # Every published central-inference row is checked: (file, field prefix of the mode).
 SOURCES = [('acting.json', 'central'), ('acting_cpu.json', 'central'),
-           ('acting_shm.json', 'central'), ('acting_shm.json', 'shm')]
+           ('acting_shm.json', 'central'), ('acting_shm.json', 'shm'),
+           ('acting_cross_host.json', 'cross')]
+# The machine's speed drifts between days (acting_cross_host.json's quiet run, 2026-11-26:
+# the env ceiling 30-36k against 100-166k in the files above, same-host Courier Catch 2x16
+# 7,225 against 17,625). A file listed here is first scaled by its own run's row named
+# (measured / predicted), so its other rows check the model's shape, not the day's speed.
+CALIBRATED_BY = {'acting_cross_host.json': ('central', 'catch', 2, 16)}
 # Not claimed: acting.json catch 2x64 misses (+30 %). acting_cpu.json's run of that config
 # measured 21 % more (+7 %): the machine's spread, not the model's to fit.
 # tests/unit/test_capacity.py holds every other row to TOLERANCE.
-UNCLAIMED = {('acting.json', 'central', 'catch', 2, 64)}
+UNCLAIMED = {('acting.json', 'central', 'catch', 2, 64),
+             # Courier to another emulated host, Catch 2x16: 0.71 of the same host's
+             # Courier in the quiet run (0.94 in the loaded one); its CPU per env step was
+             # 286 us against 203 (loaded: 265 against 319). The model has one Courier
+             # cost for both (one kernel carries both ends of the veth); docs/capacity.md.
+             ('acting_cross_host.json', 'cross', 'catch', 2, 16)}
 # Rows whose own run supplied a cost (Courier's actor request, Pong's forward pass, shared
 # memory's actor request): not independent checks.
 IN_SAMPLE = {('acting_cpu.json', 'central', 'catch', 2, 1),
              ('acting_cpu.json', 'central', 'pong', 2, 16), ('acting_shm.json', 'shm', 'catch', 8, 1)}
+# (acting_cross_host.json's cross rows are scaled by the same run's same-host Courier 2x16
+# row, a different mode's measurement: the cross rows are not in sample.)
 
 
 def validate(published: str = PUBLISHED) -> List[Dict[str, Any]]:
   """Predicted vs measured env steps/s for every central-inference row (this machine)."""
+  def predict_row(env, mode, n, k):
+    tr = SHM if mode == 'shm' else COURIER
+    return tr, central(CATCH if env == 'catch' else ATARI, tr, THIS_MACHINE, n, k)
+
   rows = []
   for name, mode in SOURCES:
-    for row in load(name, published)['rows']:
+    file_rows, scale = load(name, published)['rows'], 1.0
+    if name in CALIBRATED_BY:
+      ref_mode, *ref = CALIBRATED_BY[name]
+      ref_row = next(r for r in file_rows if [r['env'], r['actors'], r['K']] == ref)
+      scale = (ref_row[f'{ref_mode}_per_s'] / FRAMES_PER_STEP[ref[0]]
+               / predict_row(ref[0], ref_mode, *ref[1:])[1]['rate'])
+    for row in file_rows:
       env, n, k = row['env'], row['actors'], row['K']
       key, measured = (name, mode, env, n, k), row[f'{mode}_per_s'] / FRAMES_PER_STEP[env]
-      tr = SHM if mode == 'shm' else COURIER
-      p = central(CATCH if env == 'catch' else ATARI, tr, THIS_MACHINE, n, k)
+      tr, p = predict_row(env, mode, n, k)
+      p = {**p, 'rate': p['rate'] * scale, 'ceiling': p['ceiling'] * scale}
       rows.append({'file': name, 'env': env, 'actors x K': f'{n} x {k}', 'transport': tr.name,
+                   'scale': scale,
                    'predicted': p['rate'], 'measured': measured, 'ratio': p['rate'] / measured,
                    'ceiling': p['ceiling'], 'bound': p['bound'], 'claimed': key not in UNCLAIMED,
                    'in_sample': key in IN_SAMPLE,
