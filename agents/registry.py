@@ -171,7 +171,10 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # at random phases (`_PPO_TRAIN_ENVS`). The initial action std stays CleanRL's 1:
     # 0.5 (`--agent_config init_log_std=-0.69`, the README's HalfCheetah line) lifts
     # HalfCheetah-v5 to a median 5,394 at 1M (std 1: 1,725) but held Hopper-v5 at 715
-    # (std 1: 1,710 at 400k), docs/benchmarks.md (issue 36).
+    # (std 1: 1,710 at 400k). The epochs stay 10: with std 0.5 HalfCheetah's line
+    # passes `epochs=4` (clip fraction 0.30 -> 0.13-0.16, median 5,089), but Hopper-v5
+    # with std 1 at 4 epochs reached 2,310 (10 epochs: 2,755, clip fraction 0.15);
+    # docs/benchmarks.md (issue 36).
     'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
                    queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,

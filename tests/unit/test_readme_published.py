@@ -109,7 +109,7 @@ def test_every_cited_published_run_is_parsed():
              if text.startswith('scripts/run_local') and 'bench/published/' in text]
   assert sorted(r['line'] for r in ROWS) == cited
   assert {r['path'] for r in ROWS} >= {
-      'bench/published/mujoco_learning_ppo_v3.json',
+      'bench/published/mujoco_learning_ppo_v4.json',
       'bench/published/mujoco_learning_sac.json', 'bench/published/pong_learning_ppo.json',
       'bench/published/pong_learning_r2d2_b8.json'}
 
