@@ -73,6 +73,10 @@ pytestmark = pytest.mark.integration
 SOLVED = 950.0
 UNTRAINED_BELOW = 100.0  # first greedy evaluations: ~15-30 (zero actions: 24)
 MAX_SECONDS = 200  # running time; startup (imports, tracing) comes on top
+# SAC's tail: 6 runs solved in 50-73 s of running, a 7th (in the full suite, load ~2)
+# held a greedy ~50-100 for 150 s and 10k gradient steps and was at 760 and rising
+# at 200 s. Its budget covers that tail; a solve still ends the run at once.
+SAC_MAX_SECONDS = 400
 
 PPO_OVERRIDES = ('unroll_length=64', 'batch_size=8', 'queue_size=8', 'epochs=4',
                  'num_minibatches=4', 'learning_rate=1e-3')
@@ -84,15 +88,16 @@ SAC_OVERRIDES = ('observation_normalization=True', 'hidden_sizes=64,64', 'batch_
                  'alpha_learning_rate=1e-3', 'initial_alpha=0.2')
 
 
-def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides):
+def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
+                             max_seconds=MAX_SECONDS):
   args = ['mujoco', agent, '2', str(envs_per_actor), '--level', 'InvertedPendulum-v5',
           '--target_return', str(SOLVED), '--target_on', 'eval', '--num_eval_envs', '20',
-          '--max_seconds', str(MAX_SECONDS), '--checkpoint_interval_s', '0',
+          '--max_seconds', str(max_seconds), '--checkpoint_interval_s', '0',
           '--progress_interval_s', '2']
   for override in overrides:
     args += ['--agent_config', override]
   with Run(args, str(tmp_path)) as run:
-    run.complete(MAX_SECONDS + 150)
+    run.complete(max_seconds + 150)
   summary = run.json('summary.json')
   evals = [(r['env_steps'], r['eval_average_return']) for r in run.progress()
            if r.get('eval_average_return') is not None]
@@ -110,6 +115,6 @@ def test_ppo_solves_inverted_pendulum(tmp_path):
   _solve_inverted_pendulum(tmp_path, 'ppo', 8, PPO_OVERRIDES)
 
 
-@pytest.mark.timeout(MAX_SECONDS + 200)
+@pytest.mark.timeout(SAC_MAX_SECONDS + 200)
 def test_sac_solves_inverted_pendulum(tmp_path):
-  _solve_inverted_pendulum(tmp_path, 'sac', 4, SAC_OVERRIDES)
+  _solve_inverted_pendulum(tmp_path, 'sac', 4, SAC_OVERRIDES, SAC_MAX_SECONDS)
