@@ -37,7 +37,9 @@ def test_vtrace_on_empty_goal_close_runs_end_to_end(tmp_path):
   assert summary['stop']['kind'] in ('learner_steps', 'env_steps', 'time'), summary  # a budget
   assert summary['env_steps'] > 0 and summary['learner_steps'] > 0, summary
   assert summary['episodes'] > 0, summary  # episodes of this scenario are short
-  assert 0.0 <= summary['average_return'] <= 1.0  # scoring reward: goals per episode
+  # Scoring reward: +1 for a goal, -1 for one conceded (an own goal counts; CI saw a
+  # random policy's -1 in 1 of 7 episodes), and an academy episode ends at the first goal.
+  assert -1.0 <= summary['average_return'] <= 1.0, summary
   assert 'final average return' in run.output
   for node in ('actor/0', 'evaluator/0'):
     assert 'tensorflow imported: False' in run.node_log(node), node
