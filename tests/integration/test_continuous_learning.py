@@ -9,7 +9,9 @@ evaluator started far below it.
 
 Why 950 cannot be luck (measured, 100 episodes each): uniform random actions average
 5.6 (max 22), zero actions 24.4 (max 57); the untrained greedy policy's first
-evaluations here read 15-30.
+evaluations here read 15-30. The test checks the start on the training episodes (their
+first average: 4-5 here), not on the evaluator, whose first window can close after the
+learner has moved (a fast run solved in 21 s with its first greedy reading at 155).
 
 Why PPO's settings are overridden (`--agent_config`): the registry's MuJoCo defaults
 are for 1M-step tasks. With them (2,048 transitions, 10 epochs of 32 minibatches per
@@ -100,15 +102,22 @@ def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
   with Run(args, str(tmp_path)) as run:
     run.complete(max_seconds + 150)
   summary = run.json('summary.json')
-  evals = [(r['env_steps'], r['eval_average_return']) for r in run.progress()
+  progress = run.progress()
+  evals = [(r['env_steps'], r['eval_average_return']) for r in progress
            if r.get('eval_average_return') is not None]
+  trains = [(r['env_steps'], r['learner_steps'], r['average_return']) for r in progress
+            if r.get('average_return') is not None and r.get('episodes')]
   # The rise, printed for the log (pytest -s) and named in any failure.
-  rise = f'{agent}: greedy return {evals[0][1]:.0f} -> {evals[-1][1]:.0f} ' \
+  rise = f'{agent}: training return {trains[0][2]:.0f} at {trains[0][1]} learner steps; ' \
+         f'greedy return {evals[0][1]:.0f} -> {evals[-1][1]:.0f} ' \
          f'(env steps {evals[-1][0]:,}, {summary["run_elapsed_s"]:.0f} s running)'
   print(rise)
   assert summary['stop']['kind'] == 'eval_target', (summary['stopped_because'], rise)
   assert target_value(summary) >= SOLVED, rise
-  assert evals[0][1] < UNTRAINED_BELOW, rise
+  # Where it started: the first training episodes' average (the evaluator's first window
+  # of 20 episodes can close after the learner has moved: on 2026-11-27 it read 155
+  # after 16 learner steps, with the policy solving 10 s later).
+  assert trains[0][2] < UNTRAINED_BELOW, rise
 
 
 @pytest.mark.timeout(MAX_SECONDS + 200)
