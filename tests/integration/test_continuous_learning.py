@@ -4,8 +4,8 @@ The other continuous-control tests only show that MuJoCo runs end to end or that
 learner step moves the loss; these fail when the return does not rise. Each runs
 `run_local mujoco <ppo|sac> 2 <K> --level InvertedPendulum-v5` until the greedy
 evaluator's average over its last 20 episodes reaches 950 (gymnasium's solved
-threshold; the maximum is 1000, +1 per step for 1000 steps), and checks that the
-evaluator started far below it.
+threshold; the maximum is 1000, +1 per step for 1000 steps), and checks that the run
+started far below it (its first training episodes).
 
 Why 950 cannot be luck (measured, 100 episodes each): uniform random actions average
 5.6 (max 22), zero actions 24.4 (max 57); the untrained greedy policy's first
