@@ -105,10 +105,10 @@ def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
   progress = run.progress()
   evals = [(r['env_steps'], r['eval_average_return']) for r in progress
            if r.get('eval_average_return') is not None]
-  trains = [(r['env_steps'], r['learner_steps'], r['average_return']) for r in progress
-            if r.get('average_return') is not None and r.get('episodes')]
+  start = next(r for r in progress if r.get('average_return') is not None and r.get('episodes'))
   # The rise, printed for the log (pytest -s) and named in any failure.
-  rise = f'{agent}: training return {trains[0][2]:.0f} at {trains[0][1]} learner steps; ' \
+  rise = f"{agent}: training return {start['average_return']:.0f} at " \
+         f"{start['learner_steps']} learner steps; " \
          f'greedy return {evals[0][1]:.0f} -> {evals[-1][1]:.0f} ' \
          f'(env steps {evals[-1][0]:,}, {summary["run_elapsed_s"]:.0f} s running)'
   print(rise)
@@ -117,7 +117,7 @@ def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
   # Where it started: the first training episodes' average (the evaluator's first window
   # of 20 episodes can close after the learner has moved: on 2026-11-27 it read 155
   # after 16 learner steps, with the policy solving 10 s later).
-  assert trains[0][2] < UNTRAINED_BELOW, rise
+  assert start['average_return'] < UNTRAINED_BELOW, rise
 
 
 @pytest.mark.timeout(MAX_SECONDS + 200)
