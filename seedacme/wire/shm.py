@@ -90,8 +90,11 @@ _addresses = itertools.count()
 
 def new_address() -> str:
   """An abstract-namespace Unix socket address (no file; gone when closed). Public:
-  the pid and a per-process counter, nothing that admits anyone."""
-  return f'\0seedacme-shm-{os.getpid()}-{next(_addresses)}'
+  nothing in it admits anyone. The pid and counter say whose it is; the random part keeps
+  it unique across PID namespaces that share a network namespace (Bazel's linux-sandbox
+  gives every test its own PID namespace on the host's network: two tests' servers, both
+  pid 2, collided on pid and counter alone and the second bind failed, EADDRINUSE)."""
+  return f'\0seedacme-shm-{os.getpid()}-{next(_addresses)}-{os.urandom(8).hex()}'
 
 
 def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:

@@ -285,3 +285,42 @@ def test_a_stop_wakes_an_actor_waiting_on_a_silent_server():
       conn.close()
       segment.close()
     listener.close()
+
+
+_BIND_AND_HOLD = '''
+import os, socket, sys
+from seedacme.wire import shm
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+  s.bind(shm.new_address())
+except OSError as e:
+  print('bind failed', e, flush=True)
+  sys.exit(3)
+print('bound as pid', os.getpid(), flush=True)
+sys.stdin.read()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_servers_in_two_pid_namespaces_on_one_network_get_distinct_addresses():
+  """Bazel's linux-sandbox runs each test in its own PID namespace on the host's network:
+  two test processes, both pid 2, named their sockets alike and the second bind failed
+  (CI: test_resume, EADDRINUSE). Two processes here, both pid 1 in their own PID
+  namespaces, abstract sockets shared: both bind."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  probe = subprocess.run(['unshare', '-rpf', 'true'], capture_output=True, check=False)
+  if probe.returncode != 0:
+    pytest.skip(f'no unprivileged PID namespaces here: {probe.stderr.decode().strip()}')
+  procs = []
+  try:
+    for _ in range(2):
+      proc = subprocess.Popen(['unshare', '-rpf', '--mount-proc', sys.executable, '-c',
+                               _BIND_AND_HOLD], cwd=repo, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+      procs.append(proc)
+      line = proc.stdout.readline().strip()
+      assert line == 'bound as pid 1', line  # both pid 1: only the random part differs
+  finally:
+    for proc in procs:
+      proc.stdin.close()
+      proc.wait(timeout=20)
