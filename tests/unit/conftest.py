@@ -1,5 +1,6 @@
 """Fixtures shared by unit tests (pytest finds this file; Bazel ships it with each test)."""
 
+import tempfile
 import threading
 import time
 
@@ -23,6 +24,20 @@ def _wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05) ->
       return True
     time.sleep(interval_s)
   return False
+
+
+@pytest.fixture(autouse=True, scope='session')
+def _reverb_checkpoint_dirs_under_pytest(tmp_path_factory):
+  """Reverb's default checkpointer makes a /tmp/tmpXXXX dir per server and never removes
+  it (~70 per suite run, left in /tmp for good): the servers tests make keep theirs under
+  pytest's temp dir, which pytest prunes. (The replay node removes its own.)"""
+  from reverb.platform.default import checkpointers  # pylint: disable=g-import-not-at-top
+  base = str(tmp_path_factory.mktemp('reverb_checkpoints'))
+  original = checkpointers.default_checkpointer
+  checkpointers.default_checkpointer = lambda group=None: checkpointers.DefaultCheckpointer(
+      tempfile.mkdtemp(dir=base))
+  yield
+  checkpointers.default_checkpointer = original
 
 
 @pytest.fixture
