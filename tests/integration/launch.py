@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import tempfile
 import time
 import uuid
@@ -19,6 +18,7 @@ from seedacme.run import logdir as logdir_lib
 from seedacme.launchers import process
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
+LAUNCHED: List['Run'] = []  # every Run of this pytest process (conftest kills what outlives its test)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -113,6 +113,7 @@ class Run:
     if register is not None:
       env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
     self.proc = process.start(args, self.logdir, self._out, env=env, register=register)
+    LAUNCHED.append(self)
 
   def __enter__(self) -> 'Run':
     return self
@@ -124,7 +125,7 @@ class Run:
   def wait(self, timeout: float) -> int:
     try:
       return self.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # a timeout, or Ctrl-C on pytest: the program goes with the wait
       self.kill()
       raise
 
