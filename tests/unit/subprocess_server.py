@@ -6,6 +6,7 @@ they can SIGKILL them as a crash would. `kill` is safe to call again: a test's
 (`ProcessLookupError`) would hide the test's first error.
 """
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,12 +14,14 @@ from typing import Sequence
 
 
 class ServerProcess:
-  """`python -c code *args`, its output appended to `log_path`."""
+  """`python -c code *args`, its output appended to `log_path`; its temp files (Reverb's
+  default checkpoint dir, never removed) in `log_path`'s directory, not /tmp."""
 
   def __init__(self, code: str, args: Sequence[str], log_path: str):
     self._log = open(log_path, 'a')
+    env = {**os.environ, 'TMPDIR': os.path.dirname(os.path.abspath(log_path))}
     self.proc = subprocess.Popen([sys.executable, '-c', code, *args],
-                                 stdout=self._log, stderr=subprocess.STDOUT)
+                                 stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
   def kill(self) -> None:
     """SIGKILLs and reaps the server; a no-op when it is gone already (never raises)."""
