@@ -12,6 +12,7 @@ import pytest
 from seedacme.agents import registry
 from seedacme.launchers import cluster, emulation, vertex
 from seedacme.launchers.program_flags import make_program_inputs
+from tests.integration import launch
 
 
 def _dry_run_json(capsys, *args):
@@ -129,10 +130,7 @@ def tmpdir_without_underscore(monkeypatch):
     pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
   # Launchpad draws temp dirs until a path has no '_': the parent must have none either
   # (mkdtemp's random suffix has one about 1 time in 5; then Launchpad loops forever).
-  tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
-  while '_' in tmp:
-    os.rmdir(tmp)
-    tmp = tempfile.mkdtemp(prefix='seedacmetest', dir='/tmp')
+  tmp = launch.tmpdir_without_underscore('seedacmetest')
   monkeypatch.setattr(tempfile, 'tempdir', tmp)
   yield tmp
   shutil.rmtree(tmp, ignore_errors=True)
