@@ -8,6 +8,7 @@ processes and SIGKILL.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -308,14 +309,17 @@ def test_servers_in_two_pid_namespaces_on_one_network_get_distinct_addresses():
   (CI: test_resume, EADDRINUSE). Two processes here, both pid 1 in their own PID
   namespaces, abstract sockets shared: both bind."""
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  probe = subprocess.run(['unshare', '-rpf', 'true'], capture_output=True, check=False)
+  if shutil.which('unshare') is None:
+    pytest.skip('no `unshare` on PATH (util-linux)')
+  unshare = ['unshare', '-rpf', '--mount-proc']  # the probe runs what the test runs
+  probe = subprocess.run(unshare + ['true'], capture_output=True, check=False)
   if probe.returncode != 0:
     pytest.skip(f'no unprivileged PID namespaces here: {probe.stderr.decode().strip()}')
   procs = []
   try:
     for _ in range(2):
-      proc = subprocess.Popen(['unshare', '-rpf', '--mount-proc', sys.executable, '-c',
-                               _BIND_AND_HOLD], cwd=repo, stdin=subprocess.PIPE,
+      proc = subprocess.Popen(unshare + [sys.executable, '-c', _BIND_AND_HOLD],
+                              cwd=repo, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
       procs.append(proc)
       line = proc.stdout.readline().strip()
