@@ -23,6 +23,12 @@ and may be given its own environment (`child_env`: an actor's thread limits, wha
 launcher started the node). Exit codes that name a reason (`EXIT_REASONS`, e.g. an env
 step that hung) are logged by name.
 
+Each child gets its own temp dir (`TMPDIR`), removed once the child has ended however
+it ended: TensorFlow writes every function autograph converts to
+`/tmp/__autograph_generated_file*.py` and removes them only at a clean exit, so each
+child killed (a grace exceeded, `kill -9`, a crash) left its ~50 there (435 piled up
+in /tmp over two days of test suites and benches).
+
 A *standby* (`standby_imports`; the replay and central nodes with
 `ProgramConfig.standby_restarts`) is a second child started ahead of
 need: it has read its target and imported the listed modules, and waits for one byte
@@ -40,9 +46,11 @@ import collections
 import faulthandler
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping
@@ -123,14 +131,21 @@ class Supervisor:
     self._max_deaths = max_deaths
     self._death_window_s = death_window_s
     self._deaths = collections.deque()  # monotonic times of deaths within the window
-    self._env = dict(os.environ, **child_env) if child_env else None
+    self._env = dict(os.environ, **(child_env or {}))
+    self._tmpdirs: Dict[int, str] = {}  # child pid -> its TMPDIR, removed when it ends
     self.restarts = 0
     self.child: subprocess.Popen | None = None
     self.standby: subprocess.Popen | None = None
 
   def _start_child(self, standby: bool = False) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, '-m', 'seedacme.runtime.supervisor'],
-                             stdin=subprocess.PIPE, env=self._env)
+    tmpdir = tempfile.mkdtemp(prefix='seedacme_child_')
+    try:
+      child = subprocess.Popen([sys.executable, '-m', 'seedacme.runtime.supervisor'],
+                               stdin=subprocess.PIPE, env=dict(self._env, TMPDIR=tmpdir))
+    except BaseException:
+      shutil.rmtree(tmpdir, ignore_errors=True)
+      raise
+    self._tmpdirs[child.pid] = tmpdir
     child.stdin.write(len(self._payload).to_bytes(8, 'little') + self._payload)
     if standby:
       child.stdin.flush()  # kept open: one byte later says "run"
@@ -171,8 +186,23 @@ class Supervisor:
       self.standby = None
     self._end(self.child)
 
+  def _release(self, child: subprocess.Popen) -> None:
+    """Removes an ended child's temp dir."""
+    tmpdir = self._tmpdirs.pop(child.pid, None)
+    if tmpdir is not None:
+      shutil.rmtree(tmpdir, ignore_errors=True)
+
   def _end(self, child: subprocess.Popen | None) -> None:
-    if child is None or child.poll() is not None:
+    if child is None:
+      return
+    try:
+      self._stop_process(child)
+    finally:
+      if child.poll() is not None:
+        self._release(child)
+
+  def _stop_process(self, child: subprocess.Popen) -> None:
+    if child.poll() is not None:
       return
     if child.stdin is not None and not child.stdin.closed:  # a waiting standby: EOF ends it
       try:
@@ -209,6 +239,7 @@ class Supervisor:
         died_after_s = time.monotonic() - started
         if self._stop.is_set():
           break
+        self._release(self.child)
         code = self.child.returncode
         if code == 0:
           logging.info('%s: child %d finished', self._name, self.child.pid)

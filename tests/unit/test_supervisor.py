@@ -7,6 +7,7 @@ that runs the target next, and every process is gone once the supervisor stops.
 
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -138,10 +139,20 @@ def _more_targets():
       os._exit(1)  # pylint: disable=protected-access
     stop_event.wait(60)
 
-  return slow_crash, record_restart_and_env
+  def leave_a_temp_file(stop_event, directory):
+    """Leaves a file in its temp dir (as TF's autograph does until a clean exit) and
+    records the dir, then waits."""
+    import tempfile  # pylint: disable=g-import-not-at-top
+    with tempfile.NamedTemporaryFile(delete=False):
+      pass
+    with open(os.path.join(directory, str(os.getpid())), 'w') as f:
+      f.write(tempfile.gettempdir())
+    stop_event.wait(60)
+
+  return slow_crash, record_restart_and_env, leave_a_temp_file
 
 
-_slow_crash_target, _record_restart_and_env = _more_targets()
+_slow_crash_target, _record_restart_and_env, _leave_a_temp_file = _more_targets()
 
 
 @pytest.mark.timeout(90)
@@ -179,3 +190,35 @@ def test_a_child_knows_its_restart_count_and_gets_the_child_env(tmp_path, wait_u
   assert not _run_until_started(sup, stop, tmp_path, wait_until, 3)
   records = sorted(open(os.path.join(tmp_path, p)).read() for p in os.listdir(tmp_path))
   assert records == ['0 1', '1 1', '2 1'], records
+
+
+@pytest.mark.timeout(90)
+def test_each_child_has_its_own_temp_dir_removed_when_it_ends_even_killed(
+    tmp_path, wait_until, monkeypatch):
+  # TF leaves ~50 autograph files in the temp dir of every process killed (no atexit).
+  temp_root = tmp_path / 'tmp'
+  temp_root.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(temp_root))
+  records = tmp_path / 'records'
+  records.mkdir()
+  stop = threading.Event()
+  sup = Supervisor(_leave_a_temp_file, {'directory': str(records)}, 'test',
+                   stop_event=stop, restart_backoff_s=0.05)
+  thread = threading.Thread(target=sup.run)
+  thread.start()
+  try:
+    assert wait_until(lambda: len(_started(records)) == 1)
+    first = sup.child.pid
+    first_dir = open(records / str(first)).read()
+    assert os.path.dirname(first_dir) == str(temp_root)  # its own dir, under the root
+    assert len(os.listdir(first_dir)) == 1  # what it left is there while it runs
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: len(_started(records)) == 2)
+    second_dir = open(records / str(sup.child.pid)).read()
+    assert second_dir != first_dir and os.path.isdir(second_dir)
+    assert wait_until(lambda: not os.path.exists(first_dir))  # the killed one's: gone
+  finally:
+    stop.set()
+    thread.join(30)
+  assert not thread.is_alive()
+  assert os.listdir(temp_root) == []  # the stopped one's too
