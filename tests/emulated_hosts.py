@@ -20,7 +20,9 @@ holding them go with their last process: nothing can be left behind.
 
 Traffic stays inside: the bridge has no uplink and the namespaces no default route,
 so a test can send only to addresses these hosts own. Where user namespaces are
-unavailable, `unavailable()` says why (tests skip naming it).
+unavailable, `unavailable()` says why (tests skip naming it), unless the run requires
+them (`SEEDACME_REQUIRE_NAMESPACES=1`, as CI sets: `skip_reason()` then raises, so a
+passing CI run is one where these tests ran, not skipped).
 
 By hand: `python -m tests.emulated_hosts a b c` builds the hosts, prints each one's
 address and the `nsenter` command that opens a shell on it, and tears everything
@@ -54,6 +56,18 @@ def unavailable() -> str | None:
     return ('unprivileged user and network namespaces are not available: '
             f'{probe.stderr.strip() or probe.returncode}')
   return None
+
+
+REQUIRE_VAR = 'SEEDACME_REQUIRE_NAMESPACES'
+
+
+def skip_reason() -> str | None:
+  """`unavailable()` for a test to skip with; raises instead where the run requires
+  namespaces (`SEEDACME_REQUIRE_NAMESPACES=1`)."""
+  why = unavailable()
+  if why is not None and os.environ.get(REQUIRE_VAR) == '1':
+    raise RuntimeError(f'{REQUIRE_VAR}=1 but emulated hosts cannot be built here: {why}')
+  return why
 
 
 class HostError(RuntimeError):

@@ -22,12 +22,12 @@ from typing import Callable, Dict, List
 import pytest
 
 from seedacme.run import logdir as logdir_lib
-from tests.emulated_hosts import EmulatedHosts, unavailable
+from tests.emulated_hosts import EmulatedHosts, skip_reason
 from tests.integration.launch import (TAG_VAR, checkpointed_learner_step, leftover_processes,
                                       tmpdir_without_underscore)
 
 pytestmark = pytest.mark.integration
-_WHY = unavailable()
+_WHY = skip_reason()
 
 
 def _need_hosts_and_xmanager() -> None:

@@ -116,8 +116,8 @@ def test_a_call_left_on_a_connection_the_server_dropped_during_a_partition_is_re
   import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  from tests.emulated_hosts import EmulatedHosts, unavailable  # pylint: disable=g-import-not-at-top
-  why = unavailable()
+  from tests.emulated_hosts import EmulatedHosts, skip_reason  # pylint: disable=g-import-not-at-top
+  why = skip_reason()
   if why:
     pytest.skip(f'emulated hosts: {why}')
 

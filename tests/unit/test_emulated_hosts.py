@@ -12,10 +12,10 @@ import uuid
 
 import pytest
 
-from tests.emulated_hosts import EmulatedHosts, HostError, unavailable
+from tests.emulated_hosts import EmulatedHosts, HostError, skip_reason
 from tests.integration.launch import TAG_VAR, leftover_processes
 
-_WHY = unavailable()
+_WHY = skip_reason()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f'emulated hosts: {_WHY}')
 
 ECHO_SERVER = textwrap.dedent('''
