@@ -61,11 +61,17 @@ def unavailable() -> str | None:
 REQUIRE_VAR = 'SEEDACME_REQUIRE_NAMESPACES'
 
 
+def namespaces_required() -> bool:
+  """Whether the run requires namespaces (`SEEDACME_REQUIRE_NAMESPACES=1`, as CI sets):
+  tests that need them fail instead of skipping."""
+  return os.environ.get(REQUIRE_VAR) == '1'
+
+
 def skip_reason() -> str | None:
   """`unavailable()` for a test to skip with; raises instead where the run requires
-  namespaces (`SEEDACME_REQUIRE_NAMESPACES=1`)."""
+  namespaces (`namespaces_required()`)."""
   why = unavailable()
-  if why is not None and os.environ.get(REQUIRE_VAR) == '1':
+  if why is not None and namespaces_required():
     raise RuntimeError(f'{REQUIRE_VAR}=1 but emulated hosts cannot be built here: {why}')
   return why
 
