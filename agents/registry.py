@@ -25,8 +25,8 @@ class AgentEntry:
     builder: the builder class, or 'module:Class'; called with a config.
     config: the config dataclass, or 'module:Class'; called with keyword overrides.
     env_defaults: per environment name, overrides of the config's defaults.
-    fit: `fit(kwargs, num_train_envs, overrides) -> kwargs`: adapts the defaults to the
-      program's size (explicit overrides always win).
+    fit: `fit(kwargs, num_train_envs, overrides, env) -> kwargs`: adapts the defaults
+      to the program's size (explicit overrides always win).
     train_env_defaults: per environment name, env factory options for the training
       envs only (the evaluator's envs never get them; `--env_config` overrides them).
   """
@@ -34,7 +34,7 @@ class AgentEntry:
   builder: Any
   config: Any
   env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-  fit: Callable[[Dict[str, Any], int, Dict[str, Any]], Dict[str, Any]] | None = None
+  fit: Callable[[Dict[str, Any], int, Dict[str, Any], str], Dict[str, Any]] | None = None
   train_env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict)
 
@@ -179,23 +179,21 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                    queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
                    squash='clip'),
-    # Atari: exactly what the published Pong run used (bench/published/
-    # pong_learning_ppo.json passed no --agent_config: this entry and PPOConfig's
-    # defaults of that day, before the objective existed).
+    # Atari: the published Pong run's settings (bench/published/pong_learning_ppo_b32.json,
+    # 2 x 16 envs): one learner batch per round of the training envs -- batch_size 32 =
+    # queue_size 32 unrolls of 128, num_minibatches 16 of 256 transitions -- fitted to
+    # smaller programs by `_fit_ppo_round` (CleanRL's 8 envs -> its 8 x 128 in 4
+    # minibatches). It reached +18 at 1.39M env steps; 8-unroll batches off the 32 envs
+    # (the first defaults, pong_learning_ppo.json): 2.43M.
     # CleanRL's: shared Nature CNN, 8 x 128 transitions per update, 4 minibatches x 4
     # epochs, clip 0.1, value clip 0.1 (clip_vloss with the same coefficient), lr
-    # 2.5e-4, entropy 0.01, rewards clipped to +-1. Ours: objective 'clip' (the run
-    # predates 'decoupled'; a decoupled Pong run was not faster: -1.4 at 1.30M env
-    # steps where clip was at +15, pong_learning_ppo_decoupled.json), a constant
-    # learning rate (CleanRL anneals it over 10M env steps), rewards clipped in the
-    # loss (envs report raw scores), no end of episode at a life lost (CleanRL's
-    # EpisodicLifeEnv) and no FIRE reset, and the 8 unrolls come from whichever of the
-    # 32 envs filled the queue. One batch per round of the 32 envs (batch_size=32,
-    # queue_size=32, num_minibatches=16: the README's Pong line) reached +18 at 1.39M
-    # env steps against 2.43M (pong_learning_ppo_b32.json, one seed); not the default
-    # yet: small programs need a fit, docs/atari.md.
-    'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=8,
-                  epochs=4, num_minibatches=4, queue_size=8, learning_rate=2.5e-4,
+    # 2.5e-4, entropy 0.01, rewards clipped to +-1. Ours: objective 'clip' (a decoupled
+    # Pong run was not faster: -1.4 at 1.30M env steps where clip was at +15,
+    # pong_learning_ppo_decoupled.json), a constant learning rate (CleanRL anneals it
+    # over 10M env steps), rewards clipped in the loss (envs report raw scores), no end
+    # of episode at a life lost (CleanRL's EpisodicLifeEnv) and no FIRE reset.
+    'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=32,
+                  epochs=4, num_minibatches=16, queue_size=32, learning_rate=2.5e-4,
                   objective='clip', clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01,
                   reward_clip=1.0),
 }
@@ -235,7 +233,7 @@ _VTRACE_MIN_BATCH = 4
 
 
 def _fit_vtrace_batch(kwargs: Dict[str, Any], num_train_envs: int,
-                      overrides: Dict[str, Any]) -> Dict[str, Any]:
+                      overrides: Dict[str, Any], env: str) -> Dict[str, Any]:
   """A smaller learner batch when there are few training envs (see above)."""
   if 'batch_size' not in overrides:
     from seedacme.agents.vtrace.config import VTraceConfig  # pylint: disable=g-import-not-at-top
@@ -245,18 +243,54 @@ def _fit_vtrace_batch(kwargs: Dict[str, Any], num_train_envs: int,
   return kwargs
 
 
+# PPO on Atari: a learner batch is one round of the training envs (each env's next
+# unroll), as CleanRL's rollout of N envs x 128 steps is: with 32 envs, 8-unroll
+# batches took 2.43M env steps to +18 on Pong and 32-unroll batches 1.39M
+# (docs/atari.md). With fewer envs than the default batch, batch and queue shrink to
+# the number of envs (a batch of 32 from 2 envs would wait 16 rounds, each env's
+# unrolls spanning 16 policy versions), and minibatches keep at least
+# `_PPO_MINIBATCH_TRANSITIONS` transitions.
+_PPO_MINIBATCH_TRANSITIONS = 256
+_PPO_ROUND_ENVS = ('atari',)
+
+
+def _fit_ppo_round(kwargs: Dict[str, Any], num_train_envs: int,
+                   overrides: Dict[str, Any], env: str) -> Dict[str, Any]:
+  """Atari: one batch per round of the training envs (see above); other envs as given."""
+  if env not in _PPO_ROUND_ENVS:
+    return kwargs
+  from seedacme.agents.ppo.config import PPOConfig  # pylint: disable=g-import-not-at-top
+  if 'batch_size' not in overrides:
+    kwargs['batch_size'] = max(1, min(kwargs.get('batch_size', PPOConfig.batch_size),
+                                      num_train_envs))
+  batch = kwargs['batch_size']
+  if 'queue_size' not in overrides:
+    kwargs['queue_size'] = batch
+  if 'num_minibatches' not in overrides:
+    unroll = kwargs.get('unroll_length', PPOConfig.unroll_length)
+    # The most minibatches of at least 256 transitions that split the batch's items
+    # evenly (items: transitions, or whole unrolls for an LSTM core).
+    items = batch * (1 if kwargs.get('core', PPOConfig.core) == 'lstm' else unroll)
+    count = min(items, max(1, batch * unroll // _PPO_MINIBATCH_TRANSITIONS))
+    while items % count:
+      count -= 1
+    kwargs['num_minibatches'] = count
+  return kwargs
+
+
 def make_config(agent: str, env: str, num_train_envs: int | None = None,
                 **overrides) -> Any:
   """The config dataclass of `agent` for `env`: its defaults, the registry's for `env`,
   then explicit overrides.
 
   `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
-  smaller learner batch when there are few envs); explicit overrides always win.
+  smaller learner batch when there are few envs; PPO on Atari: one batch per round of
+  the envs); explicit overrides always win.
   """
   entry = _entry(agent)
   kwargs = {**entry.env_defaults.get(env, {}), **overrides}
   if num_train_envs is not None and entry.fit is not None:
-    kwargs = entry.fit(kwargs, num_train_envs, overrides)
+    kwargs = entry.fit(kwargs, num_train_envs, overrides, env)
   return _load(entry.config)(**kwargs)
 
 
@@ -275,7 +309,7 @@ register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
                           'seedacme.agents.vtrace:VTraceConfig', _VTRACE_DEFAULTS,
                           fit=_fit_vtrace_batch))
 register_agent(AgentEntry('ppo', 'seedacme.agents.ppo:PPOBuilder',
-                          'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS,
+                          'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS, fit=_fit_ppo_round,
                           train_env_defaults=_PPO_TRAIN_ENVS))
 register_agent(AgentEntry('sac', 'seedacme.agents.sac:SACBuilder',
                           'seedacme.agents.sac:SACConfig', _SAC_DEFAULTS))
