@@ -1,8 +1,9 @@
 """Agents by name, with per-environment defaults (what `run_local <env> <agent>` uses).
 
 Declarative: an agent is one `AgentEntry` -- its name, where its builder and config
-dataclass live, its per-env defaults, options for its training envs and an optional fit
-to the program's size -- and one `register_agent` line at the bottom of this file.
+dataclass live, its per-env defaults (and per task, where a task's published run
+needed other settings), options for its training envs and an optional fit to the
+program's size -- and one `register_agent` line at the bottom of this file.
 `run_local`, the Vertex launcher, benchmarks and tests all build agents through
 `make_builder` (its config: `make_config`). Builder and config are
 named as 'module:attribute' and imported only when used, so a launcher that parses
@@ -27,6 +28,8 @@ class AgentEntry:
     env_defaults: per environment name, overrides of the config's defaults.
     fit: `fit(kwargs, num_train_envs, overrides, env) -> kwargs`: adapts the defaults
       to the program's size (explicit overrides always win).
+    task_defaults: per environment name, per task (MuJoCo level, Atari game, Football
+      scenario), overrides of the env's defaults: what that task's published run used.
     train_env_defaults: per environment name, env factory options for the training
       envs only (the evaluator's envs never get them; `--env_config` overrides them).
   """
@@ -36,6 +39,8 @@ class AgentEntry:
   env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
   fit: Callable[[Dict[str, Any], int, Dict[str, Any], str], Dict[str, Any]] | None = None
   train_env_defaults: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+      default_factory=dict)
+  task_defaults: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(
       default_factory=dict)
 
 
@@ -160,7 +165,8 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'cartpole': dict(unroll_length=32, batch_size=16, epochs=4, num_minibatches=4,
                      queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
                      reward_scale=0.1),
-    # MuJoCo, the published runs' settings (bench/published/mujoco_learning*.json).
+    # MuJoCo, the published runs' settings (bench/published/mujoco_learning*.json,
+    # mujoco_ppo_hopper_ab_defaults.json; HalfCheetah's own in `_PPO_TASK_DEFAULTS`).
     # CleanRL's: 2048 transitions per update, 32 minibatches of 64, 10 epochs, lr 3e-4
     # annealed linearly to 0, entropy 0, actions clipped into the bounds, observations
     # and rewards normalized (clip 10). Ours: the 2048 are 16 unrolls x 128 from 16
@@ -168,13 +174,9 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # x 2048 env steps ~ 1M env steps (CleanRL: 1M // 2048 = 488 updates; the
     # published runs passed 490 by hand); the normalizers' statistics move with the
     # learner, not an env wrapper; no value clip (CleanRL: 0.2); training envs start
-    # at random phases (`_PPO_TRAIN_ENVS`). The initial action std stays CleanRL's 1:
-    # 0.5 (`--agent_config init_log_std=-0.69`, the README's HalfCheetah line) lifts
-    # HalfCheetah-v5 to a median 5,394 at 1M (std 1: 1,725) but held Hopper-v5 at 715
-    # (std 1: 1,710 at 400k). The epochs stay 10: with std 0.5 HalfCheetah's line
-    # passes `epochs=4` (clip fraction 0.30 -> 0.13-0.16, median 5,089), but Hopper-v5
-    # with std 1 at 4 epochs reached 2,310 (10 epochs: 2,755, clip fraction 0.15);
-    # docs/benchmarks.md (issue 36).
+    # at random phases (`_PPO_TRAIN_ENVS`). Hopper-v5 (and any task without its own
+    # entry): CleanRL's initial action std 1 and 10 epochs, median 3,106 at 1M,
+    # clip fraction 0.12-0.15 (std 0.5 held Hopper at 715; 4 epochs: 2,310).
     'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
                    queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
@@ -196,6 +198,17 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                   epochs=4, num_minibatches=16, queue_size=32, learning_rate=2.5e-4,
                   objective='clip', clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01,
                   reward_clip=1.0),
+}
+
+# PPO per MuJoCo level, where its published run needed more than the env's defaults.
+# HalfCheetah-v5: initial action std 0.5 and 4 epochs, median 5,089 of 3 seeds at 1M
+# (4,801-5,709; CleanRL 1,443), clip fraction 0.13-0.16
+# (bench/published/mujoco_learning_ppo_v4.json); with Hopper's std 1 and 10 epochs:
+# median ~1,725 and clip fraction 0.21-0.22 (mujoco_learning_ppo_v2.json). Std 0.5
+# alone took HalfCheetah to 5,394 but the clip fraction to 0.30 (docs/benchmarks.md,
+# issue 36).
+_PPO_TASK_DEFAULTS: Dict[str, Dict[str, Dict[str, Any]]] = {
+    'mujoco': {'HalfCheetah-v5': dict(init_log_std=-0.69, epochs=4)},
 }
 
 # PPO's training envs (never the evaluator's). MuJoCo: each env's first episode cut at
@@ -278,26 +291,29 @@ def _fit_ppo_round(kwargs: Dict[str, Any], num_train_envs: int,
   return kwargs
 
 
-def make_config(agent: str, env: str, num_train_envs: int | None = None,
-                **overrides) -> Any:
+def make_config(agent: str, env: str, num_train_envs: int | None = None, *,
+                task: str | None = None, **overrides) -> Any:
   """The config dataclass of `agent` for `env`: its defaults, the registry's for `env`,
-  then explicit overrides.
+  those for `task` (the env's level, game or scenario, if given), then explicit
+  overrides.
 
   `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
   smaller learner batch when there are few envs; PPO on Atari: one batch per round of
   the envs); explicit overrides always win.
   """
   entry = _entry(agent)
-  kwargs = {**entry.env_defaults.get(env, {}), **overrides}
+  kwargs = {**entry.env_defaults.get(env, {}),
+            **entry.task_defaults.get(env, {}).get(task, {}), **overrides}
   if num_train_envs is not None and entry.fit is not None:
     kwargs = entry.fit(kwargs, num_train_envs, overrides, env)
   return _load(entry.config)(**kwargs)
 
 
-def make_builder(agent: str, env: str, num_train_envs: int | None = None,
-                 **overrides) -> SeedBuilder:
+def make_builder(agent: str, env: str, num_train_envs: int | None = None, *,
+                 task: str | None = None, **overrides) -> SeedBuilder:
   """The builder of `agent` configured for `env` (`make_config`)."""
-  return _load(_entry(agent).builder)(make_config(agent, env, num_train_envs, **overrides))
+  return _load(_entry(agent).builder)(
+      make_config(agent, env, num_train_envs, task=task, **overrides))
 
 
 def train_env_config(agent: str, env: str) -> Dict[str, Any]:
@@ -310,7 +326,8 @@ register_agent(AgentEntry('vtrace', 'seedacme.agents.vtrace:VTraceBuilder',
                           fit=_fit_vtrace_batch))
 register_agent(AgentEntry('ppo', 'seedacme.agents.ppo:PPOBuilder',
                           'seedacme.agents.ppo:PPOConfig', _PPO_DEFAULTS, fit=_fit_ppo_round,
-                          train_env_defaults=_PPO_TRAIN_ENVS))
+                          train_env_defaults=_PPO_TRAIN_ENVS,
+                          task_defaults=_PPO_TASK_DEFAULTS))
 register_agent(AgentEntry('sac', 'seedacme.agents.sac:SACBuilder',
                           'seedacme.agents.sac:SACConfig', _SAC_DEFAULTS))
 register_agent(AgentEntry('r2d2', 'seedacme.agents.r2d2:R2D2Builder',

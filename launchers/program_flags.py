@@ -170,16 +170,27 @@ def env_options(args: argparse.Namespace) -> Tuple[Dict[str, Any], Dict[str, Any
   return train, evaluation
 
 
+def task_of(env_config: Dict[str, Any]) -> str | None:
+  """The task an env's full options name (MuJoCo level, Atari game, Football
+  scenario; the env's default when no flag gave one), for the registry's per-task
+  defaults; None for envs with one task."""
+  for key in ('level', 'game', 'scenario'):
+    if env_config.get(key):
+      return str(env_config[key])
+  return None
+
+
 def resolved_run(args: argparse.Namespace) -> Dict[str, Any]:
   """What the flags resolve to, JSON-ready: the agent's config dataclass as a dict
   (its defaults, the registry's, the fit to the program's size, `--agent_config`) and
   the training envs' full options (`envs.registry.factory_options`). Creates no env."""
   train, _ = env_options(args)
   try:
+    env_config = factory_options(args.env, **train)
     config = agents.make_config(args.agent, args.env,
                                 num_train_envs=args.num_actors * args.envs_per_actor,
+                                task=task_of(env_config),
                                 **parse_overrides(args.agent_config))
-    env_config = factory_options(args.env, **train)
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'cannot resolve {args.env} {args.agent}: {e}') from e
   return json.loads(json.dumps({'agent_config_full': dataclasses.asdict(config),
@@ -211,6 +222,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
   try:
     builder = agents.make_builder(args.agent, args.env,
                                   num_train_envs=args.num_actors * args.envs_per_actor,
+                                  task=task_of(factory_options(args.env, **env_args)),
                                   **parse_overrides(args.agent_config))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'bad --agent_config: {e}') from e

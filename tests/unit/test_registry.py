@@ -7,7 +7,7 @@ import pytest
 
 from seedacme.agents import registry
 from seedacme.agents.vtrace import VTraceConfig
-from seedacme.launchers import program_flags
+from seedacme.launchers import local, program_flags
 
 
 def test_vtrace_batch_shrinks_with_few_envs_and_overrides_win():
@@ -48,6 +48,29 @@ def test_ppo_atari_batch_is_one_round_of_the_envs_and_overrides_win():
   for env in ('mujoco', 'cartpole', 'catch'):
     assert (registry.make_config('ppo', env, num_train_envs=2)
             == registry.make_config('ppo', env))
+
+
+def test_ppo_halfcheetah_has_its_published_settings_other_levels_the_envs():
+  """HalfCheetah-v5's published run (std 0.5, 4 epochs) is its default; Hopper-v5 and
+  a level without an entry keep MuJoCo's (std 1, 10 epochs); a flag still wins, and
+  the launcher resolves the level, named or the env's default, to the same."""
+  def std_epochs(config):
+    return round(config.init_log_std, 2), config.epochs
+  cheetah = registry.make_config('ppo', 'mujoco', 16, task='HalfCheetah-v5')
+  assert std_epochs(cheetah) == (-0.69, 4)
+  assert cheetah.learning_rate_decay_steps == 490  # the env's defaults still apply
+  for task in ('Hopper-v5', 'Walker2d-v5', None):
+    assert std_epochs(registry.make_config('ppo', 'mujoco', 16, task=task)) == (0.0, 10)
+  assert registry.make_config('ppo', 'mujoco', 16, task='HalfCheetah-v5',
+                              epochs=10).epochs == 10
+  # V-trace has no per-task entry: the level changes nothing.
+  assert (registry.make_config('vtrace', 'mujoco', 16, task='HalfCheetah-v5')
+          == registry.make_config('vtrace', 'mujoco', 16, task='Hopper-v5'))
+  for argv, expected in ((['mujoco', 'ppo', '2', '8', '--level', 'HalfCheetah-v5'], 4),
+                         (['mujoco', 'ppo', '2', '8'], 4),  # the env's default level
+                         (['mujoco', 'ppo', '2', '8', '--level', 'Hopper-v5'], 10)):
+    resolved = program_flags.resolved_run(local.parse_args(argv))
+    assert resolved['agent_config_full']['epochs'] == expected, argv
 
 
 def test_r2d2_defaults_do_not_depend_on_the_program_size():
