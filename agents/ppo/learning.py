@@ -231,6 +231,8 @@ class PPOLearner(BatchLearner):
         metrics.update(losses.behaviour_weights(
             mb['proximal_log_prob'], mb['behaviour_log_prob'], mb['mask'],
             c.behaviour_weight_clip)[1])
+      metrics.update(losses.proximal_drift(log_probs, mb['proximal_log_prob'], mb['mask'],
+                                           c.clip_epsilon))
     grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if c.max_gradient_norm:
       grads, norm = tf.clip_by_global_norm(grads, c.max_gradient_norm)

@@ -197,6 +197,25 @@ def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: t
   return loss, {k: tf.stop_gradient(v) for k, v in metrics.items()}
 
 
+def proximal_drift(log_probs: tf.Tensor, proximal_log_probs: tf.Tensor, mask: tf.Tensor,
+                   clip_epsilon: float) -> Dict[str, tf.Tensor]:
+  """How far the policy has moved from the proximal one (the network as the batch
+  arrived) over the learner step's epochs, whatever the objective's anchor: the share
+  of samples whose ratio pi / pi_prox left [1 - eps, 1 + eps], and the approximate KL.
+  Under the decoupled objective these are its `clip_fraction` and `approx_kl`; under
+  plain clip, whose ratio is to the behaviour policy, they leave the data's lag out.
+  No gradient."""
+  mask = tf.cast(mask, log_probs.dtype)
+  log_ratio = tf.stop_gradient(tf.where(mask > 0, log_probs - proximal_log_probs,
+                                        tf.zeros_like(log_probs)))
+  ratio = tf.exp(log_ratio)
+  return {
+      'proximal_clip_fraction': _masked_mean(
+          tf.cast(tf.abs(ratio - 1.0) > clip_epsilon, mask.dtype), mask),
+      'proximal_approx_kl': _masked_mean((ratio - 1.0) - log_ratio, mask),
+  }
+
+
 def behaviour_weights(proximal_log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor,
                       mask: tf.Tensor, clip: float = 1.0
                       ) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:

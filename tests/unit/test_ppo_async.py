@@ -91,6 +91,9 @@ def test_stale_data_is_clipped_around_the_proximal_policy(objective):
   else:  # centred on the behaviour policy, 3 steps old: the first step starts away
     assert metrics['approx_kl'] > 1e-4
     assert metrics['approx_kl'] == pytest.approx(metrics['behaviour_kl'], rel=1e-3)
+  # Against the proximal policy the first minibatch has not moved, whatever the anchor.
+  assert metrics['proximal_clip_fraction'] == 0.0
+  assert metrics['proximal_approx_kl'] == pytest.approx(0.0, abs=1e-8)
 
 
 # ---- the reward normalizer's return, per env across unrolls --------------------------

@@ -548,3 +548,37 @@ def test_running_returns_match_reference(seed):
   np.testing.assert_array_equal(final.numpy(), out.numpy()[-1])
   assert out.numpy()[0, 0] == pytest.approx(rewards[0, 0] + GAMMA_R * initial[0])
   assert out.numpy()[0, 1] == pytest.approx(rewards[0, 1] * mask[0, 1])  # restarted
+
+
+def reference_proximal_drift(log_probs, proximal_log_probs, mask, eps):
+  """Slow reference: the share outside [1 - eps, 1 + eps] and the approximate KL of
+  pi / pi_prox over unmasked entries, one entry at a time."""
+  clipped = kl = n = 0.0
+  for idx in np.ndindex(log_probs.shape):
+    if not mask[idx]:
+      continue
+    r = np.exp(log_probs[idx] - proximal_log_probs[idx])
+    clipped += float(abs(r - 1) > eps)
+    kl += (r - 1) - np.log(r)
+    n += 1
+  return {'proximal_clip_fraction': clipped / max(n, 1), 'proximal_approx_kl': kl / max(n, 1)}
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_proximal_drift_matches_reference_and_equals_the_decoupled_metrics(seed):
+  """The proximal policy's drift is what the decoupled objective reports as its clip
+  fraction and KL; masked entries (here holding inf) count for nothing."""
+  inputs = _decoupled_inputs(np.random.default_rng(seed))
+  log_probs, prox = inputs['log_probs'].copy(), inputs['proximal_log_probs']
+  mask = inputs['mask']
+  log_probs[mask == 0] = np.inf
+  drift = losses.proximal_drift(tf.constant(log_probs), tf.constant(prox),
+                                tf.constant(mask), 0.1)
+  ref = reference_proximal_drift(log_probs, prox, mask, 0.1)
+  assert 0.0 < ref['proximal_clip_fraction'] < 1.0
+  for name, value in ref.items():
+    assert float(drift[name]) == pytest.approx(value, rel=1e-10), name
+  inputs['log_probs'] = np.where(mask > 0, log_probs, 0.0)
+  _, metrics, _ = _decoupled(inputs, clip_epsilon=0.1)
+  assert float(drift['proximal_clip_fraction']) == pytest.approx(metrics['clip_fraction'])
+  assert float(drift['proximal_approx_kl']) == pytest.approx(metrics['approx_kl'])
