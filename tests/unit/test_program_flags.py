@@ -3,6 +3,7 @@ same program from the same arguments, and a bad flag gets an error naming it; a 
 the user names replaces the launcher's default time budget."""
 
 import dataclasses
+import tempfile
 
 import pytest
 
@@ -77,11 +78,13 @@ class _Serving:
 
 
 def _stop_at(argv, elapsed_s, env_steps, launcher=local):
-  """What the run's monitor says at a record of `elapsed_s` seconds and `env_steps`."""
-  config = program_flags.make_program_inputs(launcher.parse_args(argv), '/tmp/unused')[3]
-  monitor = RunMonitor(config, ActingLog(), _Serving())
-  return monitor.stop_reason({'elapsed_s': elapsed_s, 'run_elapsed_s': elapsed_s,
-                              'env_steps': env_steps}, 0)
+  """What the run's monitor says at a record of `elapsed_s` seconds and `env_steps`
+  (the monitor makes the run's logdir: a temporary one, removed after)."""
+  with tempfile.TemporaryDirectory() as logdir:
+    config = program_flags.make_program_inputs(launcher.parse_args(argv), logdir)[3]
+    monitor = RunMonitor(config, ActingLog(), _Serving())
+    return monitor.stop_reason({'elapsed_s': elapsed_s, 'run_elapsed_s': elapsed_s,
+                                'env_steps': env_steps}, 0)
 
 
 def test_a_named_budget_replaces_the_default_time_budget():
