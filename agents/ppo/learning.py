@@ -224,6 +224,9 @@ class PPOLearner(BatchLearner):
             values, mb['proximal_value'], mb['returns'], entropy, mb['mask'],
             behaviour_weight_clip=c.behaviour_weight_clip,
             correct_behaviour=c.advantage_estimator != 'vtrace', **kwargs)
+        # Its ratio is to the proximal policy: its own metrics are the drift.
+        drift = {'proximal_clip_fraction': metrics['clip_fraction'],
+                 'proximal_approx_kl': metrics['approx_kl']}
       else:
         loss, metrics = losses.ppo_loss(
             log_probs, mb['behaviour_log_prob'], advantages, values,
@@ -231,8 +234,9 @@ class PPOLearner(BatchLearner):
         metrics.update(losses.behaviour_weights(
             mb['proximal_log_prob'], mb['behaviour_log_prob'], mb['mask'],
             c.behaviour_weight_clip)[1])
-      metrics.update(losses.proximal_drift(log_probs, mb['proximal_log_prob'], mb['mask'],
-                                           c.clip_epsilon))
+        drift = losses.proximal_drift(log_probs, mb['proximal_log_prob'], mb['mask'],
+                                      c.clip_epsilon)
+      metrics.update(drift)
     grads = replicas.all_reduce_mean(tape.gradient(loss, variables))
     if c.max_gradient_norm:
       grads, norm = tf.clip_by_global_norm(grads, c.max_gradient_norm)

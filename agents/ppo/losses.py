@@ -119,6 +119,17 @@ def _masked_mean(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
   return tf.reduce_sum(tf.where(mask > 0, x, tf.zeros_like(x))) / count
 
 
+def _ratio_metrics(log_ratio: tf.Tensor, ratio: tf.Tensor, mask: tf.Tensor,
+                   clip_epsilon: float) -> Dict[str, tf.Tensor]:
+  """The share of unmasked samples whose ratio left [1 - eps, 1 + eps], and the
+  approximate KL ((r - 1) - log r) of the ratio's two policies."""
+  return {
+      'clip_fraction': _masked_mean(
+          tf.cast(tf.abs(ratio - 1.0) > clip_epsilon, mask.dtype), mask),
+      'approx_kl': _masked_mean((ratio - 1.0) - log_ratio, mask),
+  }
+
+
 def normalize_advantages(advantages: tf.Tensor, mask: tf.Tensor,
                          epsilon: float = 1e-8) -> tf.Tensor:
   """(A - mean) / (std + epsilon) over the unmasked entries; masked entries are 0."""
@@ -184,14 +195,12 @@ def ppo_loss(log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor, advantages: t
   mean_entropy = _masked_mean(entropy, mask)
   loss = policy_loss + baseline_cost * value_loss - entropy_cost * mean_entropy
 
-  clipped = tf.cast(tf.abs(ratio - 1.0) > clip_epsilon, mask.dtype)
   metrics = {
       'loss': loss,
       'policy_loss': policy_loss,
       'value_loss': value_loss,
       'entropy': mean_entropy,
-      'clip_fraction': _masked_mean(clipped, mask),
-      'approx_kl': _masked_mean((ratio - 1.0) - log_ratio, mask),
+      **_ratio_metrics(log_ratio, ratio, mask, clip_epsilon),
       'mean_ratio': _masked_mean(ratio, mask),
   }
   return loss, {k: tf.stop_gradient(v) for k, v in metrics.items()}
@@ -208,12 +217,8 @@ def proximal_drift(log_probs: tf.Tensor, proximal_log_probs: tf.Tensor, mask: tf
   mask = tf.cast(mask, log_probs.dtype)
   log_ratio = tf.stop_gradient(tf.where(mask > 0, log_probs - proximal_log_probs,
                                         tf.zeros_like(log_probs)))
-  ratio = tf.exp(log_ratio)
-  return {
-      'proximal_clip_fraction': _masked_mean(
-          tf.cast(tf.abs(ratio - 1.0) > clip_epsilon, mask.dtype), mask),
-      'proximal_approx_kl': _masked_mean((ratio - 1.0) - log_ratio, mask),
-  }
+  metrics = _ratio_metrics(log_ratio, tf.exp(log_ratio), mask, clip_epsilon)
+  return {f'proximal_{name}': value for name, value in metrics.items()}
 
 
 def behaviour_weights(proximal_log_probs: tf.Tensor, behaviour_log_probs: tf.Tensor,
