@@ -43,9 +43,10 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
     return acting.PPOPolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.PPOLearner:
-    # Nothing sampled ahead beyond one batch: on-policy data (see writer_pending).
+    # Nothing sampled ahead beyond one batch, nor beyond the queue: on-policy data (see
+    # writer_pending; PPOConfig.queue_size).
     batches = ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size, prefetch=0,
-                            max_in_flight=self.config.batch_size)
+                            max_in_flight=min(self.config.batch_size, self.config.queue_size))
     return learning.PPOLearner(networks_, self.config, batches,
                                item_signature=self.item_signature(spec))

@@ -16,6 +16,13 @@ Two ways the server's loss shows, both handled:
   the iterator is advanced on a thread of its own (`_SamplingThread`); `next` waits for
   it at most `timeout_ms`, and when nothing came and the server does not answer, calls
   it an outage. The pending batch is taken by a later call, none is dropped.
+
+Every batch `next` returns holds exactly `batch_size` items. When the table stays empty
+longer than the rate limiter's timeout in the middle of a batch, Reverb ends the
+iterator and tf.data hands over the items it had (a partial batch: seen with a queue
+fed in bursts, each actor's round of unrolls at once). Those are kept and completed
+from the next batch: a learner handed a partial batch retraced its step for the new
+shape and trained on a batch of another size, and dropping them would lose data.
 """
 
 import functools
@@ -147,6 +154,8 @@ class ReverbBatches:
     self._client = None  # asks the server whether it answers, when no batch comes
     self._down_since: float | None = None  # when the server stopped answering
     self._sampled = False  # a batch came: later failures to connect are outages
+    self._carry = None  # items of a partial batch, completed by the next one
+    self.partial_batches = 0  # partial batches received (and completed)
 
   def close(self) -> None:
     """Drops the iterator and with it the sampling streams to the server."""
@@ -160,7 +169,7 @@ class ReverbBatches:
       self._sampler.stop()
 
   def next(self) -> Any | None:
-    """The next batch (possibly smaller than batch_size when data ran short) or None."""
+    """The next batch of exactly `batch_size` items, or None (none complete yet)."""
     if self._sampler is None:
       # The thread gets no reference to `self`: a `ReverbBatches` dropped without
       # `close` is still collected, and `__del__` ends the thread.
@@ -184,7 +193,7 @@ class ReverbBatches:
         logging.info('Reverb server %s sampling again after %.1fs', self._server_address,
                      time.monotonic() - self._down_since)
         self._down_since = None
-      return batch
+      return self._complete(batch)
     if isinstance(error, (StopIteration, tf.errors.OutOfRangeError,
                           tf.errors.DeadlineExceededError)):
       return None  # Timed out waiting for data; the thread makes a fresh iterator.
@@ -195,6 +204,22 @@ class ReverbBatches:
       self._note_outage(type(error).__name__)
     time.sleep(self._timeout_ms / 1e3)  # no tight loop of failing connects
     return None
+
+  def _complete(self, batch: Any) -> Any | None:
+    """`batch` after the items carried from partial batches; a batch of `batch_size`
+    items, or None (kept for the next call) when there are fewer."""
+    if self._carry is not None:
+      batch = tf.nest.map_structure(lambda a, b: tf.concat([a, b], 0), self._carry, batch)
+      self._carry = None
+    size = int(tf.nest.flatten(batch)[0].shape[0])
+    if size < self._batch_size:
+      self.partial_batches += 1
+      self._carry = batch
+      return None
+    if size > self._batch_size:
+      self._carry = tf.nest.map_structure(lambda x: x[self._batch_size:], batch)
+      batch = tf.nest.map_structure(lambda x: x[:self._batch_size], batch)
+    return batch
 
   def _probe_client(self):
     if self._client is None:
