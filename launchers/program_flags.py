@@ -152,6 +152,17 @@ def parse_overrides(items: List[str]) -> Dict[str, Any]:
   return overrides
 
 
+def agent_overrides(args: argparse.Namespace) -> Dict[str, Any]:
+  """`--agent_config`, and `--seed` as the agent config's `seed` (its action sampling
+  and minibatch order) unless `--agent_config seed=N` gives one: a run's seed then
+  seeds the agent as well as the envs (before, every `--seed` ran the agent's seed 0)."""
+  overrides = parse_overrides(args.agent_config)
+  if 'seed' not in overrides and any(
+      f.name == 'seed' for f in dataclasses.fields(agents.config_class(args.agent))):
+    overrides['seed'] = args.seed
+  return overrides
+
+
 def env_options(args: argparse.Namespace) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   """(training envs', evaluator envs') factory options: game, level, scenario and
   `--env_config`; the training envs also get the agent's training-env defaults, which
@@ -190,7 +201,7 @@ def resolved_run(args: argparse.Namespace) -> Dict[str, Any]:
     config = agents.make_config(args.agent, args.env,
                                 num_train_envs=args.num_actors * args.envs_per_actor,
                                 task=task_of(env_config),
-                                **parse_overrides(args.agent_config))
+                                **agent_overrides(args))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'cannot resolve {args.env} {args.agent}: {e}') from e
   return json.loads(json.dumps({'agent_config_full': dataclasses.asdict(config),
@@ -223,7 +234,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
     builder = agents.make_builder(args.agent, args.env,
                                   num_train_envs=args.num_actors * args.envs_per_actor,
                                   task=task_of(factory_options(args.env, **env_args)),
-                                  **parse_overrides(args.agent_config))
+                                  **agent_overrides(args))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'bad --agent_config: {e}') from e
   try:

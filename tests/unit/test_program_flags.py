@@ -34,6 +34,20 @@ def test_both_launchers_build_the_same_program_from_the_same_flags():
   assert config_a.checkpoint_interval_s is None and config_a.max_seconds == 50
 
 
+@pytest.mark.parametrize('agent', ['vtrace', 'r2d2'])
+def test_seed_seeds_the_agent_unless_its_config_names_one(agent):
+  """`--seed` was the envs' only: every seed ran the agent's RNG (action sampling,
+  minibatch order) from 0."""
+  def resolved(*extra):
+    args = local.parse_args(['catch', agent, '2', *extra])
+    _, _, builder, config = program_flags.make_program_inputs(args, 'gs://bucket/run')
+    assert program_flags.resolved_run(args)['agent_config_full']['seed'] == builder.config.seed
+    return builder.config.seed, config.seed
+  assert resolved() == (0, 0)
+  assert resolved('--seed', '3') == (3, 3)
+  assert resolved('--seed', '3', '--agent_config', 'seed=7') == (7, 3)
+
+
 def test_flags_the_vertex_launcher_lacked_before_are_there():
   args = vertex.parse_args(['atari', 'vtrace', '4', '--env_engine', 'vector_async',
                             '--scenario', 'x', '--agent_config', 'torso=impala_resnet'])

@@ -86,7 +86,8 @@ def differences(ours: Dict[str, Any], theirs: Dict[str, Any]) -> List[str]:
           f'{theirs[section][key]!r}'
           for section in ('agent_config_full', 'env_config_full', 'program')
           for key in sorted(ours[section].keys() & theirs[section].keys())
-          if ours[section][key] != theirs[section][key]]
+          if ours[section][key] != theirs[section][key]
+          and (section, key) != ('agent_config_full', 'seed')]  # `--seed` sets it
 
 
 def check_row(row: Dict[str, Any]) -> List[str]:
