@@ -11,6 +11,13 @@ from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.types import EnvSpec
 
 
+def sampled_ahead(config: PPOConfig) -> int:
+  """Unrolls the learner's sampler may take off the queue before they are asked for:
+  none beyond one batch, nor beyond the queue (on-policy data: see `writer_pending`,
+  `PPOConfig.queue_size`, tests/unit/test_ppo_pipeline.py)."""
+  return min(config.batch_size, config.queue_size)
+
+
 class PPOBuilder(builder_lib.UnrollQueueBuilder):
   """Wires PPO into a SEED program (the queue of unrolls: `UnrollQueueBuilder`)."""
 
@@ -43,10 +50,8 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
     return acting.PPOPolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.PPOLearner:
-    # Nothing sampled ahead beyond one batch, nor beyond the queue: on-policy data (see
-    # writer_pending; PPOConfig.queue_size).
     batches = ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size, prefetch=0,
-                            max_in_flight=min(self.config.batch_size, self.config.queue_size))
+                            max_in_flight=sampled_ahead(self.config))
     return learning.PPOLearner(networks_, self.config, batches,
                                item_signature=self.item_signature(spec))

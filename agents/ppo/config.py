@@ -34,8 +34,14 @@ class PPOConfig:
     num_minibatches: minibatches per epoch. Feed-forward cores shuffle transitions
       (`batch_size * unroll_length` must divide by it), LSTM cores whole unrolls
       (`batch_size` must: their state runs through).
-    queue_size: Reverb queue capacity in unrolls; a full queue blocks inference, which
-      bounds the policy lag to about `queue_size / batch_size` learner steps.
+    queue_size: Reverb queue capacity in unrolls; a full queue blocks inference. The
+      learner samples no further ahead than this (at most a batch). With a queue of a
+      batch, one batch waits in the queue and one is sampled ahead while the learner
+      trains: the envs act up to ~4 learner steps ahead of it (Pong, 32 envs, batch 32:
+      lag 3.8-4.0). With a queue much smaller than a batch, a round of unrolls reaches
+      the learner only as it asks for its next batch, and the envs' next round starts
+      then: the data the learner trains on were acted while it trained on the previous
+      batch (lag ~1: 0.92 in the same 200-s probe, at the same learner steps per second).
     core: 'feedforward' or 'lstm' (torso -> LSTM -> heads, shared).
     torso: 'mlp', 'nature_cnn', 'impala_resnet' or 'football' (seedacme.networks).
     hidden_sizes, activation: the MLP torso ('tanh' or 'relu').

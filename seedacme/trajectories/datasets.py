@@ -65,7 +65,17 @@ def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms
   else:
     dataset = dataset.map(lambda sample: sample.data)
   dataset = dataset.batch(batch_size, drop_remainder=False)
-  return iter(dataset.prefetch(prefetch) if prefetch else dataset)
+  if prefetch:
+    return iter(dataset.prefetch(prefetch))
+  # No prefetch asked (on-policy data): nothing computed ahead either. tf.data's default
+  # optimizations fuse map and batch into a parallel op that fills batches ahead of
+  # `next`: with a queue of one, 26 items had left the table when one batch of 8 was
+  # taken (tests/unit/test_ppo_pipeline.py); without them, 10 (the batch, one in the
+  # table, one in flight).
+  options = tf.data.Options()
+  options.experimental_optimization.apply_default_optimizations = False
+  options.autotune.enabled = False
+  return iter(dataset.with_options(options))
 
 
 class _SamplingThread:
@@ -136,7 +146,7 @@ class ReverbBatches:
       table: table to sample from.
       batch_size: items per batch.
       timeout_ms: `next` gives up after this long without a full batch.
-      prefetch: batches prefetched by tf.data.
+      prefetch: batches prefetched by tf.data; 0: none, and none computed ahead.
       with_info: yield `(info, data)` (keys, probabilities, table sizes: what
         prioritized replay needs) instead of `data`.
       max_in_flight: samples one worker takes off the server ahead of use (default
