@@ -181,12 +181,15 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                    queue_size=16, learning_rate=3e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
                    squash='clip'),
-    # Atari: the published Pong run's settings (bench/published/pong_learning_ppo_b32.json,
-    # 2 x 16 envs): one learner batch per round of the training envs -- batch_size 32 =
-    # queue_size 32 unrolls of 128, num_minibatches 16 of 256 transitions -- fitted to
-    # smaller programs by `_fit_ppo_round` (CleanRL's 8 envs -> its 8 x 128 in 4
-    # minibatches). It reached +18 at 1.39M env steps; 8-unroll batches off the 32 envs
-    # (the first defaults, pong_learning_ppo.json): 2.43M.
+    # Atari: the published Pong run's settings (bench/published/pong_learning_ppo_q1_s1.json,
+    # 2 x 16 envs): one learner batch per round of the training envs -- batch_size 32
+    # unrolls of 128, num_minibatches 16 of 256 transitions -- fitted to smaller
+    # programs by `_fit_ppo_round` (CleanRL's 8 envs -> its 8 x 128 in 4 minibatches),
+    # and a queue of one unroll, so the envs act one round ahead of the learner (policy
+    # lag 1.07 learner steps, against 3.8 with a queue of a batch: PPOConfig.queue_size).
+    # Seed 1 reached +18 at 1.21M env steps (with a queue of 32: +3.3 at 1.5M; seed 0
+    # +18 at 1.39M, pong_learning_ppo_b32.json); 8-unroll batches off the 32 envs (the
+    # first defaults, pong_learning_ppo.json): 2.43M.
     # CleanRL's: shared Nature CNN, 8 x 128 transitions per update, 4 minibatches x 4
     # epochs, clip 0.1, value clip 0.1 (clip_vloss with the same coefficient), lr
     # 2.5e-4, entropy 0.01, rewards clipped to +-1. Ours: objective 'clip' (a decoupled
@@ -195,7 +198,7 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # over 10M env steps), rewards clipped in the loss (envs report raw scores), no end
     # of episode at a life lost (CleanRL's EpisodicLifeEnv) and no FIRE reset.
     'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=32,
-                  epochs=4, num_minibatches=16, queue_size=32, learning_rate=2.5e-4,
+                  epochs=4, num_minibatches=16, queue_size=1, learning_rate=2.5e-4,
                   objective='clip', clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01,
                   reward_clip=1.0),
 }
@@ -259,10 +262,10 @@ def _fit_vtrace_batch(kwargs: Dict[str, Any], num_train_envs: int,
 # PPO on Atari: a learner batch is one round of the training envs (each env's next
 # unroll), as CleanRL's rollout of N envs x 128 steps is: with 32 envs, 8-unroll
 # batches took 2.43M env steps to +18 on Pong and 32-unroll batches 1.39M
-# (docs/atari.md). With fewer envs than the default batch, batch and queue shrink to
-# the number of envs (a batch of 32 from 2 envs would wait 16 rounds, each env's
-# unrolls spanning 16 policy versions), and minibatches keep at least
-# `_PPO_MINIBATCH_TRANSITIONS` transitions.
+# (docs/atari.md). With fewer envs than the default batch, the batch shrinks to the
+# number of envs (a batch of 32 from 2 envs would wait 16 rounds, each env's unrolls
+# spanning 16 policy versions), the queue never exceeds it, and minibatches keep at
+# least `_PPO_MINIBATCH_TRANSITIONS` transitions.
 _PPO_MINIBATCH_TRANSITIONS = 256
 _PPO_ROUND_ENVS = ('atari',)
 
@@ -277,8 +280,8 @@ def _fit_ppo_round(kwargs: Dict[str, Any], num_train_envs: int,
     kwargs['batch_size'] = max(1, min(kwargs.get('batch_size', PPOConfig.batch_size),
                                       num_train_envs))
   batch = kwargs['batch_size']
-  if 'queue_size' not in overrides:
-    kwargs['queue_size'] = batch
+  if 'queue_size' not in overrides:  # never more than a batch
+    kwargs['queue_size'] = min(kwargs.get('queue_size', PPOConfig.queue_size), batch)
   if 'num_minibatches' not in overrides:
     unroll = kwargs.get('unroll_length', PPOConfig.unroll_length)
     # The most minibatches of at least 256 transitions that split the batch's items

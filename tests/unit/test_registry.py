@@ -22,28 +22,31 @@ def test_vtrace_batch_shrinks_with_few_envs_and_overrides_win():
 
 
 def test_ppo_atari_batch_is_one_round_of_the_envs_and_overrides_win():
-  """The published Pong run's 2 x 16 envs: 32 unrolls a batch, queue 32, 16 minibatches
-  of 256 transitions. Fewer envs: batch and queue follow the envs (CleanRL's 8 envs: 8
-  x 128 in 4 minibatches; 1 env: one minibatch of its 128 steps); more: stays 32."""
+  """The published Pong runs' 2 x 16 envs: 32 unrolls a batch, a queue of one unroll
+  (the envs act one round ahead of the learner: lag ~1), 16 minibatches of 256
+  transitions. Fewer envs: the batch follows the envs (CleanRL's 8 envs: 8 x 128 in 4
+  minibatches; 1 env: one minibatch of its 128 steps); more: stays 32. A queue given
+  explicitly stays, one larger than the batch is cut to it."""
   def config(**kw):
     c = registry.make_config('ppo', 'atari', **kw)
     return c.batch_size, c.queue_size, c.num_minibatches
-  assert config() == (32, 32, 16)  # no program size given: the published defaults
-  assert config(num_train_envs=32) == (32, 32, 16)
-  assert config(num_train_envs=64) == (32, 32, 16)
-  assert config(num_train_envs=8) == (8, 8, 4)
-  assert config(num_train_envs=2) == (2, 2, 1)
+  assert config() == (32, 1, 16)  # no program size given: the published defaults
+  assert config(num_train_envs=32) == (32, 1, 16)
+  assert config(num_train_envs=64) == (32, 1, 16)
+  assert config(num_train_envs=8) == (8, 1, 4)
+  assert config(num_train_envs=2) == (2, 1, 1)
   assert config(num_train_envs=1) == (1, 1, 1)
-  assert config(num_train_envs=6) == (6, 6, 3)  # 768 transitions: 3 of 256
-  assert config(num_train_envs=5) == (5, 5, 2)  # 640: 2 of 320 (2.5 would not split)
+  assert config(num_train_envs=6) == (6, 1, 3)  # 768 transitions: 3 of 256
+  assert config(num_train_envs=5) == (5, 1, 2)  # 640: 2 of 320 (2.5 would not split)
   # An explicit choice stays; what follows from it is still fitted.
-  assert config(num_train_envs=2, batch_size=8) == (8, 8, 4)
+  assert config(num_train_envs=2, batch_size=8) == (8, 1, 4)
   assert config(num_train_envs=2, queue_size=16) == (2, 16, 1)
-  assert config(num_train_envs=32, num_minibatches=4) == (32, 32, 4)
+  assert config(num_train_envs=32, queue_size=32) == (32, 32, 16)  # the b32 run's pipeline
+  assert config(num_train_envs=32, num_minibatches=4) == (32, 1, 4)
   # An LSTM core splits whole unrolls: 8 unrolls in 4 minibatches of 2; 3 unrolls of
   # 128 in 1 (1.5 would not split).
-  assert config(num_train_envs=8, core='lstm') == (8, 8, 4)
-  assert config(num_train_envs=3, core='lstm') == (3, 3, 1)
+  assert config(num_train_envs=8, core='lstm') == (8, 1, 4)
+  assert config(num_train_envs=3, core='lstm') == (3, 1, 1)
   # Other envs keep their defaults whatever the program's size.
   for env in ('mujoco', 'cartpole', 'catch'):
     assert (registry.make_config('ppo', env, num_train_envs=2)
