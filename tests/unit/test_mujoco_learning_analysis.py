@@ -9,21 +9,9 @@ and bench/harness.py with the unit tests (BUILD, `unit_test_support`); a tree wi
 them skips.
 """
 
-import importlib.util
-import os
-import sys
+from tests.unit.bench_modules import load
 
-import pytest
-
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))), 'bench')
-if not os.path.isfile(os.path.join(_BENCH, 'mujoco_learning.py')):
-  pytest.skip('bench/mujoco_learning.py is not in this tree', allow_module_level=True)
-sys.path.insert(0, _BENCH)  # it imports harness as a sibling
-_SPEC = importlib.util.spec_from_file_location(
-    'seedacme_bench_mujoco_learning', os.path.join(_BENCH, 'mujoco_learning.py'))
-mujoco_learning = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(mujoco_learning)
+mujoco_learning = load('mujoco_learning')
 
 
 def _record(elapsed_s, env_steps, episodes, average_over, average_return):

@@ -3,21 +3,11 @@ fractions): each learner step counted once, though progress records repeat the l
 step's metrics until the next. Bazel ships the bench with the unit tests (BUILD,
 `unit_test_support`); a tree without it skips."""
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))), 'bench')
-if not os.path.isfile(os.path.join(_BENCH, 'pong_learning.py')):
-  pytest.skip('bench/pong_learning.py is not in this tree', allow_module_level=True)
-sys.path.insert(0, _BENCH)  # it imports harness as a sibling
-_SPEC = importlib.util.spec_from_file_location(
-    'seedacme_bench_pong_learning', os.path.join(_BENCH, 'pong_learning.py'))
-pong_learning = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(pong_learning)
+from tests.unit.bench_modules import load
+
+pong_learning = load('pong_learning')
 
 
 def test_each_learner_step_counts_once_and_only_numbers_of_the_learner():
