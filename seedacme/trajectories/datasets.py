@@ -70,8 +70,8 @@ def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms
   # No prefetch asked (on-policy data): nothing computed ahead either. tf.data's default
   # optimizations fuse map and batch into a parallel op that fills batches ahead of
   # `next`: with a queue of one, 26 items had left the table when one batch of 8 was
-  # taken (tests/unit/test_ppo_pipeline.py); without them, 10 (the batch, one in the
-  # table, one in flight).
+  # taken (a probe of the pipeline tests/unit/test_ppo_pipeline.py builds); without
+  # them, 10 (the batch, one in the table, one in flight).
   options = tf.data.Options()
   options.experimental_optimization.apply_default_optimizations = False
   options.autotune.enabled = False
@@ -165,7 +165,7 @@ class ReverbBatches:
     self._down_since: float | None = None  # when the server stopped answering
     self._sampled = False  # a batch came: later failures to connect are outages
     self._carry = None  # items of a partial batch, completed by the next one
-    self.partial_batches = 0  # partial batches received (and completed)
+    self.partial_batches = 0  # times the items at hand were short of a batch and kept
 
   def close(self) -> None:
     """Drops the iterator and with it the sampling streams to the server."""
