@@ -134,6 +134,33 @@ def test_batches_answer_none_while_the_server_is_killed_and_sample_after_a_resta
   assert len([m for m in messages if 'sampling again' in m]) == 1, messages
 
 
+def _judged_errors(monkeypatch) -> list:
+  """Records every error `ReverbBatches.next` judged with `is_server_away` (an error the
+  sampling thread handed over and `next` took), so a test waits for the judgement
+  itself rather than a number of `next` calls: under Bazel's parallel tests the
+  thread's signature call can outlast `next`'s own timeout (a flake seen in CI)."""
+  from seedacme.trajectories import datasets  # pylint: disable=g-import-not-at-top
+  judged = []
+  real = datasets.is_server_away
+
+  def recording(error):
+    judged.append(error)
+    return real(error)
+
+  monkeypatch.setattr(datasets, 'is_server_away', recording)
+  return judged
+
+
+def _next_is_none_until(batches, condition, timeout_s: float) -> None:
+  """Calls `batches.next()` until `condition()`; every call returns None within 15 s."""
+  deadline = time.monotonic() + timeout_s
+  while not condition():
+    assert time.monotonic() < deadline, 'the condition did not come about'
+    started = time.monotonic()
+    assert batches.next() is None  # not an exception
+    assert time.monotonic() - started < 15
+
+
 @pytest.mark.timeout(120)
 def test_server_lost_during_the_signature_call_is_an_outage(servers, monkeypatch):
   import reverb  # pylint: disable=g-import-not-at-top
@@ -157,6 +184,7 @@ def test_server_lost_during_the_signature_call_is_an_outage(servers, monkeypatch
       raise
 
   monkeypatch.setattr(reverb.Client, 'server_info', recording_server_info)
+  judged = _judged_errors(monkeypatch)
   # Stopped, the server takes the signature request but never answers it; killed while
   # the call waits (well within its 3 s deadline), it resets the connection under it.
   server.proc.send_signal(signal.SIGSTOP)
@@ -164,13 +192,12 @@ def test_server_lost_during_the_signature_call_is_an_outage(servers, monkeypatch
   killer.start()
   batches = ReverbBatches(f'localhost:{port}', 'q', 4, timeout_ms=3000)
   try:
-    started = time.monotonic()
-    assert batches.next() is None  # not an exception
-    assert time.monotonic() - started < 15
+    _next_is_none_until(batches, lambda: judged, 60)
     killer.join()
-    # The scenario happened: the signature call failed by the connection, not by
-    # its deadline.
-    assert any(isinstance(e, RuntimeError) for e in raised), raised
+    # The scenario happened: the first signature call failed by the connection, not by
+    # its deadline, and `next` took that error as an outage.
+    assert raised and judged[0] is raised[0], (raised, judged)
+    assert isinstance(raised[0], RuntimeError), raised
     assert all(is_server_away(e) for e in raised), raised
   finally:
     killer.cancel()
@@ -196,14 +223,15 @@ def test_transport_closed_from_the_signature_call_is_an_outage(monkeypatch, wait
 
     def closing_server_info(self, *args, **kwargs):
       if len(failures) < 2:
-        failures.append(1)
-        raise RuntimeError('Transport closed')
+        failures.append(RuntimeError('Transport closed'))
+        raise failures[-1]
       return real_server_info(self, *args, **kwargs)
 
     monkeypatch.setattr(reverb.Client, 'server_info', closing_server_info)
+    judged = _judged_errors(monkeypatch)
     batches = ReverbBatches(f'localhost:{server.port}', 'q', 4, timeout_ms=300)
-    assert batches.next() is None and batches.next() is None
-    assert len(failures) == 2
+    _next_is_none_until(batches, lambda: len(judged) == 2, 30)
+    assert judged == failures  # both taken by `next` as outages, in order
     assert wait_until(lambda: batches.next() is not None, 20)  # then samples
   finally:
     if batches is not None:
