@@ -296,28 +296,36 @@ def _fit_ppo_round(kwargs: Dict[str, Any], num_train_envs: int,
 
 
 def make_config(agent: str, env: str, num_train_envs: int | None = None, *,
-                task: str | None = None, **overrides) -> Any:
+                task: str | None = None, budget_env_steps: int | None = None,
+                **overrides) -> Any:
   """The config dataclass of `agent` for `env`: its defaults, the registry's for `env`,
   those for `task` (the env's level, game or scenario, if given), then explicit
   overrides.
 
   `num_train_envs`, if given, lets the defaults fit the program's size (V-trace: a
   smaller learner batch when there are few envs; PPO on Atari: one batch per round of
-  the envs); explicit overrides always win.
+  the envs); explicit overrides always win. `budget_env_steps` (the run's
+  `--max_env_steps`) goes to a config that schedules by it (`with_budget`: PPO's
+  learning rate annealed to 0 at the budget).
   """
   entry = _entry(agent)
   kwargs = {**entry.env_defaults.get(env, {}),
             **entry.task_defaults.get(env, {}).get(task, {}), **overrides}
   if num_train_envs is not None and entry.fit is not None:
     kwargs = entry.fit(kwargs, num_train_envs, overrides, env)
-  return _load(entry.config)(**kwargs)
+  config = _load(entry.config)(**kwargs)
+  if budget_env_steps and hasattr(config, 'with_budget'):
+    config = config.with_budget(budget_env_steps)
+  return config
 
 
 def make_builder(agent: str, env: str, num_train_envs: int | None = None, *,
-                 task: str | None = None, **overrides) -> SeedBuilder:
+                 task: str | None = None, budget_env_steps: int | None = None,
+                 **overrides) -> SeedBuilder:
   """The builder of `agent` configured for `env` (`make_config`)."""
   return _load(_entry(agent).builder)(
-      make_config(agent, env, num_train_envs, task=task, **overrides))
+      make_config(agent, env, num_train_envs, task=task,
+                  budget_env_steps=budget_env_steps, **overrides))
 
 
 def train_env_config(agent: str, env: str) -> Dict[str, Any]:

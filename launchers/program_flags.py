@@ -201,6 +201,7 @@ def resolved_run(args: argparse.Namespace) -> Dict[str, Any]:
     config = agents.make_config(args.agent, args.env,
                                 num_train_envs=args.num_actors * args.envs_per_actor,
                                 task=task_of(env_config),
+                                budget_env_steps=args.max_env_steps or None,
                                 **agent_overrides(args))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'cannot resolve {args.env} {args.agent}: {e}') from e
@@ -234,6 +235,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
     builder = agents.make_builder(args.agent, args.env,
                                   num_train_envs=args.num_actors * args.envs_per_actor,
                                   task=task_of(factory_options(args.env, **env_args)),
+                                  budget_env_steps=args.max_env_steps or None,
                                   **agent_overrides(args))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'bad --agent_config: {e}') from e

@@ -54,6 +54,10 @@ class PPOConfig:
     learning_rate, adam_epsilon, max_gradient_norm: Adam and global-norm clipping.
     learning_rate_decay_steps: anneal the learning rate linearly to 0 over this many
       learner steps (0: constant).
+    anneal_to_budget: when the run has an env-step budget (`--max_env_steps`) and
+      `learning_rate_decay_steps` is 0, the rate reaches 0 at the budget: the decay
+      steps become the learner steps the budget holds (`with_budget`), as CleanRL
+      anneals over its total_timesteps. Without a budget the rate stays constant.
     discount, gae_lambda: gamma and lambda.
     advantage_estimator: 'gae', or 'vtrace' (V-trace-corrected, for stale unrolls).
     recompute_advantages: recompute advantages with the current network each epoch.
@@ -105,6 +109,7 @@ class PPOConfig:
   adam_epsilon: float = 1e-5
   max_gradient_norm: float | None = 0.5
   learning_rate_decay_steps: int = 0
+  anneal_to_budget: bool = False
   discount: float = 0.99
   gae_lambda: float = 0.95
   advantage_estimator: str = 'gae'
@@ -130,6 +135,15 @@ class PPOConfig:
   def minibatch_items(self) -> int:
     """What minibatches split: whole unrolls (LSTM) or transitions (feed-forward)."""
     return self.batch_size * (1 if self.core == 'lstm' else self.unroll_length)
+
+  def with_budget(self, env_steps: int | None) -> 'PPOConfig':
+    """This config for a run of `env_steps` env steps: with `anneal_to_budget` and no
+    decay steps given, the learning rate falls to 0 over the learner steps the budget
+    holds (each takes `batch_size` unrolls of `unroll_length`)."""
+    if not (self.anneal_to_budget and env_steps and self.learning_rate_decay_steps == 0):
+      return self
+    steps = max(1, int(env_steps) // (self.batch_size * self.unroll_length))
+    return dataclasses.replace(self, learning_rate_decay_steps=steps)
 
   def __post_init__(self):
     checks = ((self.core in CORES, f'core={self.core!r}: choose one of {CORES}'),

@@ -21,7 +21,10 @@ What is compared, and why:
   (observation shape and dtype, actions): the data the networks were trained on. The
   env engine is left out: it steps the same envs.
 - `seed`: a seed sweep's runs differ only by it.
-Not compared: budgets and targets (a resume may extend them), the number of actors and
+Not compared: budgets and targets (a resume may extend them; but PPO with
+`anneal_to_budget` derives its learning-rate decay steps from `--max_env_steps`, so a
+resume with another budget changes `agent_config.learning_rate_decay_steps` and is
+refused unless that field is allowed to change), the number of actors and
 envs per actor (server-side per-env state is rebuilt at every start and not
 checkpointed), evaluation, batching, devices, transport, intervals.
 """

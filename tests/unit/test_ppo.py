@@ -149,6 +149,22 @@ def test_the_policy_stamps_the_learner_step_and_the_lag_is_measured():
           .extras['policy_version'] == 2).all()
 
 
+def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps():
+  """Each learner step trains at `learning_rate * (1 - steps done / decay steps)`,
+  then 0 -- the rate the step's metrics report, and the one Adam applied: a step at
+  rate 0 leaves every weight as it was."""
+  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8,),
+                     learning_rate=1e-3, learning_rate_decay_steps=4)
+  builder, network, learner = _learner(config)
+  rates = [learner.train_on(_batch(builder, DISCRETE, seed=i))['learning_rate']
+           for i in range(4)]
+  np.testing.assert_allclose(rates, [1e-3, 7.5e-4, 5e-4, 2.5e-4], rtol=1e-6)
+  weights = [v.numpy() for v in network.trainable_variables]
+  assert learner.train_on(_batch(builder, DISCRETE, seed=9))['learning_rate'] == 0.0
+  for before, after in zip(weights, network.trainable_variables):
+    np.testing.assert_array_equal(before, after.numpy())
+
+
 def test_continuous_actions_are_served_inside_the_bounds_and_greedy_is_the_mode():
   config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, squash='tanh',
                      init_log_std=1.0)

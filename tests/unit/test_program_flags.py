@@ -48,6 +48,30 @@ def test_seed_seeds_the_agent_unless_its_config_names_one(agent):
   assert resolved('--seed', '3', '--agent_config', 'seed=7') == (7, 3)
 
 
+def test_ppo_anneals_its_learning_rate_to_the_env_step_budget():
+  """With `anneal_to_budget`, `--max_env_steps` sets the learner steps over which the
+  learning rate falls to 0 (budget // (batch unrolls x unroll length)), as CleanRL
+  anneals over total_timesteps; no budget, a named decay or the switch off: none of it.
+  The launcher and `resolved_run` (what the README check and the saved run config see)
+  agree."""
+  def decay(*extra):
+    args = local.parse_args(['catch', 'ppo', '2', '4', *extra])
+    _, _, builder, _ = program_flags.make_program_inputs(args, 'gs://bucket/run')
+    full = program_flags.resolved_run(args)['agent_config_full']
+    assert full['learning_rate_decay_steps'] == builder.config.learning_rate_decay_steps
+    return builder.config.learning_rate_decay_steps
+  on = ('--agent_config', 'anneal_to_budget=True')
+  # Catch's PPO: batches of 16 unrolls of 20 -> 320 env steps a learner step.
+  assert decay(*on, '--max_env_steps', '32000') == 100
+  assert decay(*on, '--max_env_steps', '32100') == 100  # whole learner steps
+  assert decay(*on) == 0  # no budget: a constant rate
+  assert decay('--max_env_steps', '32000') == 0  # Catch's default: off
+  assert decay(*on, '--agent_config', 'learning_rate_decay_steps=7',
+               '--max_env_steps', '32000') == 7  # a named decay wins
+  assert decay('--agent_config', 'anneal_to_budget=False',
+               '--max_env_steps', '32000') == 0
+
+
 def test_flags_the_vertex_launcher_lacked_before_are_there():
   args = vertex.parse_args(['atari', 'vtrace', '4', '--env_engine', 'vector_async',
                             '--scenario', 'x', '--agent_config', 'torso=impala_resnet'])
