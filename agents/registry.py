@@ -197,8 +197,9 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # Pong run was not faster: -1.4 at 1.30M env steps where clip was at +15,
     # pong_learning_ppo_decoupled.json), a constant learning rate (CleanRL anneals it
     # over 10M env steps; annealed over a 1.5M budget, `anneal_to_budget`, seed 0 was
-    # slower: +16.8 best, -15 at 768k, pong_learning_ppo_lra_s0.json), rewards clipped in the loss (envs report raw scores), no end
-    # of episode at a life lost (CleanRL's EpisodicLifeEnv) and no FIRE reset.
+    # slower: +16.8 best, -15 at 768k, pong_learning_ppo_lra_s0.json), rewards clipped
+    # in the loss (envs report raw scores), no end of episode at a life lost (CleanRL's
+    # EpisodicLifeEnv) and no FIRE reset.
     'atari': dict(torso='nature_cnn', shared_torso=True, unroll_length=128, batch_size=32,
                   epochs=4, num_minibatches=16, queue_size=1, learning_rate=2.5e-4,
                   objective='clip', clip_epsilon=0.1, value_clip=0.1, entropy_cost=0.01,
