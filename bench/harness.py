@@ -9,6 +9,7 @@ with random actions and no inference, in the same number of processes.
 
 import atexit
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -292,6 +293,24 @@ def env_ceiling(env: str, num_procs: int, num_envs: int, seconds: float = 10.0,
   for p in procs:
     p.join(30)
   return float(sum(rates))
+
+
+def learner_means(records: List[Dict[str, Any]]) -> Dict[str, float]:
+  """Run means of the learner's metrics in progress records (policy lag, clip
+  fractions, KL, ...): each learner step a record reported counted once (records
+  repeat the latest step's metrics until the next step). The Pong and MuJoCo learning
+  benches report it as `learner_means`."""
+  per_step = {}
+  for r in records:
+    if r.get('learner_steps'):
+      per_step[r['learner_steps']] = r
+  values: Dict[str, List[float]] = {}
+  for r in per_step.values():
+    for k, v in r.items():
+      if (k.startswith('learner_') and k not in ('learner_steps', 'learner_steps_per_s')
+          and isinstance(v, (int, float)) and math.isfinite(v)):
+        values.setdefault(k[len('learner_'):], []).append(float(v))
+  return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 def interrupt_on_stop_signals() -> None:

@@ -110,7 +110,10 @@ def analyse(records: List[Dict[str, Any]],
          for k, mark in MARKS.items()},
       'env_steps_per_s': env_steps / run_s if run_s else None,
       'learner_steps_per_s': (final.get('learner_steps') or 0) / run_s if run_s else None,
+      # A mean over progress records (the published field); `learner_means` counts
+      # each learner step once (as the Pong bench does).
       'mean_policy_lag': statistics.fmean(lags) if lags else None,
+      'learner_means': harness.learner_means(records),
       'stopped_because': summary['stopped_because'] if summary else 'no summary',
       'stop_kind': ((summary or {}).get('stop') or {}).get('kind'),
   }, [[r['env_steps'], r['average_return']] for r in trained]

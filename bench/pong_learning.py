@@ -97,21 +97,7 @@ def random_baseline(game: str, episodes: int, num_envs: int = 16,
           'published_random': PUBLISHED_RANDOM.get(game)}
 
 
-def learner_means(records: List[Dict[str, Any]]) -> Dict[str, float]:
-  """Run means of the learner's metrics (policy lag, clip fractions, KL, ...): each
-  learner step a progress record reported counted once (records repeat the latest
-  step's metrics until the next step)."""
-  per_step = {}
-  for r in records:
-    if r.get('learner_steps'):
-      per_step[r['learner_steps']] = r
-  sums: Dict[str, List[float]] = {}
-  for r in per_step.values():
-    for k, v in r.items():
-      if (k.startswith('learner_') and k not in ('learner_steps', 'learner_steps_per_s')
-          and isinstance(v, (int, float)) and np.isfinite(v)):
-        sums.setdefault(k[len('learner_'):], []).append(float(v))
-  return {k: float(np.mean(v)) for k, v in sorted(sums.items())}
+learner_means = harness.learner_means  # the run means a published field reports
 
 
 def summarize(logdir: str, wall_s: float, returncode: int) -> Dict[str, Any]:

@@ -59,3 +59,15 @@ def test_summary_medians_final_averages_beside_the_full_window_marks():
   assert row['median_return_at_300k'] == 5000.0  # median of 7,000 and 3,000 only
   assert row['median_final_average_return'] == 5500.0  # of 7,000, 5,500 and 3,000
   assert row['min_final_average_over'] == 96
+
+
+def test_learner_means_count_each_learner_step_once_beside_the_record_mean():
+  """`mean_policy_lag` (the published field) is a mean over progress records; the new
+  `learner_means` counts each learner step once, as the Pong bench's does: step 1 (lag
+  1) reported by three records and step 2 (lag 4) by one give 1.75 and 2.5."""
+  records = [dict(_record(10.0 * i, 1000 * i, 0, 0, None), learner_steps=step,
+                  learner_policy_lag=lag)
+             for i, (step, lag) in enumerate([(1, 1.0), (1, 1.0), (1, 1.0), (2, 4.0)], 1)]
+  figures, _ = mujoco_learning.analyse(records, dict(records[-1], stopped_because='x'))
+  assert figures['mean_policy_lag'] == 1.75
+  assert figures['learner_means'] == {'policy_lag': 2.5}
