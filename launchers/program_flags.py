@@ -163,6 +163,15 @@ def agent_overrides(args: argparse.Namespace) -> Dict[str, Any]:
   return overrides
 
 
+def agent_arguments(args: argparse.Namespace, env_config: Dict[str, Any]) -> Dict[str, Any]:
+  """What the registry's `make_config` / `make_builder` get besides agent and env: the
+  program's size, the task the training envs' full options name, the env-step budget
+  and the agent overrides -- one place, so the launcher and `resolved_run` agree."""
+  return dict(num_train_envs=args.num_actors * args.envs_per_actor,
+              task=task_of(env_config), budget_env_steps=args.max_env_steps or None,
+              **agent_overrides(args))
+
+
 def env_options(args: argparse.Namespace) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   """(training envs', evaluator envs') factory options: game, level, scenario and
   `--env_config`; the training envs also get the agent's training-env defaults, which
@@ -198,11 +207,7 @@ def resolved_run(args: argparse.Namespace) -> Dict[str, Any]:
   train, _ = env_options(args)
   try:
     env_config = factory_options(args.env, **train)
-    config = agents.make_config(args.agent, args.env,
-                                num_train_envs=args.num_actors * args.envs_per_actor,
-                                task=task_of(env_config),
-                                budget_env_steps=args.max_env_steps or None,
-                                **agent_overrides(args))
+    config = agents.make_config(args.agent, args.env, **agent_arguments(args, env_config))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'cannot resolve {args.env} {args.agent}: {e}') from e
   return json.loads(json.dumps({'agent_config_full': dataclasses.asdict(config),
@@ -232,11 +237,9 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
   if hasattr(probe, 'close'):
     probe.close()
   try:
-    builder = agents.make_builder(args.agent, args.env,
-                                  num_train_envs=args.num_actors * args.envs_per_actor,
-                                  task=task_of(factory_options(args.env, **env_args)),
-                                  budget_env_steps=args.max_env_steps or None,
-                                  **agent_overrides(args))
+    builder = agents.make_builder(
+        args.agent, args.env,
+        **agent_arguments(args, factory_options(args.env, **env_args)))
   except (TypeError, ValueError) as e:
     raise ProgramArgsError(f'bad --agent_config: {e}') from e
   try:
