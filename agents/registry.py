@@ -189,9 +189,9 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # lag 1.07 learner steps, against 3.8 with a queue of a batch: PPOConfig.queue_size).
     # Seed 1 reached +18 at 1.21M env steps (with a queue of 32: +3.3 at 1.5M); seed 0
     # best +17.9, +17.4 at 1.5M (pong_learning_ppo_q1_s0.json; seed 2 best +17.0,
-    # pong_learning_ppo_q1_s2.json; with a queue of 32 +18
-    # at 1.39M, pong_learning_ppo_b32.json); 8-unroll batches off the 32 envs (the
-    # first defaults, pong_learning_ppo.json): 2.43M.
+    # pong_learning_ppo_q1_s2.json; with a queue of 32 +18 at 1.39M,
+    # pong_learning_ppo_b32.json); 8-unroll batches off the 32 envs (the first
+    # defaults, pong_learning_ppo.json): 2.43M.
     # CleanRL's: shared Nature CNN, 8 x 128 transitions per update, 4 minibatches x 4
     # epochs, clip 0.1, value clip 0.1 (clip_vloss with the same coefficient), lr
     # 2.5e-4, entropy 0.01, rewards clipped to +-1. Ours: objective 'clip' (a decoupled
