@@ -188,8 +188,8 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # and a queue of one unroll, so the envs act one round ahead of the learner (policy
     # lag ~1 learner step, against 3.8 with a queue of a batch: PPOConfig.queue_size).
     # Entropy cost 0.003 (the training average is the stochastic policy's): +18 at 1.23M
-    # env steps on seed 2 and at 1.35M on seed 0 (pong_learning_ppo_e3_s{2,0}.json),
-    # seeds that with CleanRL's 0.01 levelled off below +18 by 1.5M (best +17.0 and
+    # env steps on seed 2, 1.35M on seed 0, 1.29M on seed 1 (pong_learning_ppo_e3_s*.json);
+    # with CleanRL's 0.01 seeds 2 and 0 levelled off below +18 by 1.5M (best +17.0,
     # +17.9: pong_learning_ppo_q1_s{2,0}.json; seed 1 reached +18 at 1.21M, q1_s1).
     # Earlier: a queue of 32, +18 at 1.39M (pong_learning_ppo_b32.json); 8-unroll
     # batches off the 32 envs (the first defaults, pong_learning_ppo.json): 2.43M.

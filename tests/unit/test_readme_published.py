@@ -164,7 +164,7 @@ def test_registry_defaults_are_the_published_settings():
   """The settings the published PPO runs passed by hand or ran with are the defaults:
   MuJoCo's learning-rate decay over 490 learner steps (~1M env steps), Atari's plain
   clip objective (the Pong run predates 'decoupled') and entropy cost 0.003 (the runs
-  that reached +18 by 1.5M on seeds 0 and 2); random first episodes on PPO's MuJoCo
+  that reached +18 by 1.5M on seeds 0, 1 and 2); random first episodes on PPO's MuJoCo
   training envs only."""
   assert registry.make_config('ppo', 'mujoco').learning_rate_decay_steps == 490
   assert registry.make_config('ppo', 'atari').objective == 'clip'
