@@ -22,7 +22,15 @@ Trust (DESIGN.md, "Trust boundaries"; how an attach is authenticated:
 * attaching: a peer of another uid, or whose pid no offer was made for, is refused
   on accept, before it is read; at most `MAX_HELLOS` hellos are read at once (the
   kernel's backlog queues the rest), each within one deadline (`HELLO_DEADLINE_S`);
-  an `accept` that fails (EMFILE, ENFILE, ...) is logged and retried after a pause;
+  a hello carrying file descriptors is refused (they are closed unlooked-at); an
+  `accept` that fails (EMFILE, ENFILE, ...) is logged and retried after a pause;
+* tickets (`Offers`): a MAC of the process's pid and start time, checked against the
+  connecting peer's `SO_PEERCRED` pid; nothing is stored per ticket, so offers asked
+  for other pids void none (issue 47: eight offers for a victim's pid, or 4,096 for
+  any, evicted its one-use ticket from the bounded table this replaced). Offers are
+  made only for live processes of this uid in this PID namespace;
+* segments are created sealed at their size (`seedacme.wire.shm`): an actor cannot
+  shrink the file under the server's mapping (SIGBUS; issue 47);
 * serving: requests are validated on private copies (`Segment.request`); an exception
   in a batch fails that batch's actors with a named `failed` reply (they retry, as
   after a failed Courier call; actions no env may take stop the run, as on Courier:
@@ -35,14 +43,16 @@ attaches again with a new run id. When this server closes (the node stops or die
 every actor reads end-of-file and re-attaches through Courier to the next central
 process, whose `generation` differs.
 
-Why ~530 lines: it is a small server that must survive hostile local peers: peer
-credentials and per-pid offers, a capped accept path with one deadline per hello and
+Why ~580 lines: it is a small server that must survive hostile local peers: peer
+credentials and per-process tickets, a capped accept path with one deadline per hello and
 back-off on EMFILE, non-blocking wake-ups that detach a deaf peer, and the serving loop
 that fails a batch, never itself. Each part is short; they share the slot table and its
 lock.
 """
 
 import collections
+import hashlib
+import hmac
 import operator
 import os
 import secrets
@@ -64,9 +74,9 @@ _OVERLAP_WAIT_S = 3.0
 HELLO_DEADLINE_S = 2.0  # connect to a complete hello (an actor sends it at once)
 MAX_HELLOS = 16  # hellos read at once
 OFFER_TTL_S = 120.0  # an unused ticket expires
-MAX_OFFERS_PER_PID = 8  # outstanding tickets per pid (the oldest goes first)
-MAX_OFFERS = 4096
+MAX_OFFERS = 4096  # processes holding offers at once
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
+_MAX_FDS_READ = 4  # descriptors received with a hello to close (more: closed by the kernel)
 
 
 class _Slot:
@@ -98,58 +108,92 @@ class _Throttled:
     logging.warning(fmt + (f' ({held} more like it not logged)' if held else ''), *args)
 
 
+def process_identity(pid: int) -> Tuple[int, int] | None:
+  """(effective uid, start time in clock ticks since boot) of process `pid` in this
+  PID namespace; None when there is none. The pair names one process: a pid is reused,
+  a pid with its start time is not."""
+  try:
+    with open(f'/proc/{pid}/status', 'rb') as f:
+      status = f.read()
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      stat = f.read()
+    uid = next(int(line.split()[2]) for line in status.splitlines()
+               if line.startswith(b'Uid:'))
+    # Fields after the command (which may hold spaces and parentheses): state is the
+    # 3rd field of the line, start time the 22nd.
+    return uid, int(stat[stat.rindex(b')') + 2:].split()[19])
+  except (OSError, ValueError, IndexError, StopIteration):
+    return None
+
+
+class OfferRefusedError(ValueError):
+  """No ticket can be made for that pid (not a live process of the server's uid here)."""
+
+
 class Offers:
-  """Attach tickets handed out over Courier, each bound to the pid that asked for it;
-  one use, expiring. Not thread-safe: the server's lock guards it."""
+  """Attach tickets handed out over Courier, each bound to one process (its pid and
+  start time) and expiring: `<expiry>.<MAC of pid, start time, expiry>` under a key
+  only this server holds. Nothing is kept per ticket, so no call, for any pid, voids
+  another's (issue 47: the bounded table of one-use tickets this replaced let eight
+  offers for a victim's pid, or 4,096 for any pids, evict the victim's). Kept per
+  offered process: its start time and latest expiry, so that a stranger is refused
+  before its hello is read (`admits`). Offers are made for live processes of the
+  server's uid only, so entries are bounded by those processes; past `MAX_OFFERS`
+  live entries an offer for yet another process is refused, never an entry evicted.
+  Not thread-safe: the server's lock guards `issue` and `admits` (`redeem` reads
+  nothing shared)."""
 
-  def __init__(self):
-    # ticket -> (pid, expires), oldest first (every ticket lives OFFER_TTL_S)
-    self._tickets: Dict[str, Tuple[int, float]] = {}
-    self._by_pid: Dict[int, collections.deque] = {}
-    self.in_hello: Dict[int, int] = collections.Counter()  # pid -> hellos being read
+  def __init__(self, uid: int | None = None):
+    self._uid = os.geteuid() if uid is None else uid
+    self._key = secrets.token_bytes(32)
+    self._offered: Dict[int, Tuple[int, float]] = {}  # pid -> (start time, expires)
 
-  def _drop(self, ticket: str) -> None:
-    pid, _ = self._tickets.pop(ticket)
-    queue = self._by_pid[pid]
-    queue.remove(ticket)
-    if not queue:
-      del self._by_pid[pid]
+  def _mac(self, pid: int, start: int, expires_ms: int) -> str:
+    return hmac.new(self._key, f'{pid}:{start}:{expires_ms}'.encode(),
+                    hashlib.sha256).hexdigest()
 
-  def _expire(self) -> None:
-    now = time.monotonic()
-    while self._tickets:
-      ticket, (_, expires) = next(iter(self._tickets.items()))
-      if expires > now:
-        return
-      self._drop(ticket)
+  def _prune(self, now: float) -> None:
+    for pid, (start, expires) in list(self._offered.items()):
+      identity = process_identity(pid)
+      if expires <= now or identity is None or identity[1] != start:
+        del self._offered[pid]
 
   def issue(self, pid: int) -> str:
-    self._expire()
-    queue = self._by_pid.setdefault(pid, collections.deque())
-    if len(queue) >= MAX_OFFERS_PER_PID:
-      self._drop(queue[0])
-    if len(self._tickets) >= MAX_OFFERS:
-      self._drop(next(iter(self._tickets)))
-    ticket = secrets.token_hex(16)
-    self._tickets[ticket] = (pid, time.monotonic() + OFFER_TTL_S)
-    self._by_pid.setdefault(pid, queue).append(ticket)
-    return ticket
+    identity = process_identity(pid)
+    if identity is None or identity[0] != self._uid:
+      raise OfferRefusedError(
+          f'pid {pid} is no process of uid {self._uid} in the inference server\'s PID '
+          'namespace (another namespace, another user, or gone): no shared memory for it')
+    start, now = identity[1], time.monotonic()
+    if pid not in self._offered and len(self._offered) >= MAX_OFFERS:
+      self._prune(now)
+      if len(self._offered) >= MAX_OFFERS:
+        raise OfferRefusedError(f'{MAX_OFFERS} live processes hold offers; no more '
+                                'are made until theirs expire')
+    expires_ms = int((now + OFFER_TTL_S) * 1000)
+    self._offered[pid] = (start, expires_ms / 1000)
+    return f'{expires_ms}.{self._mac(pid, start, expires_ms)}'
 
   def admits(self, pid: int) -> bool:
-    """Whether `pid` holds a ticket not yet claimed by a hello being read."""
-    self._expire()
-    return len(self._by_pid.get(pid, ())) > self.in_hello[pid]
+    """Whether an unexpired offer was made for `pid` (its hello may be read)."""
+    entry = self._offered.get(pid)
+    if entry is not None and entry[1] <= time.monotonic():
+      del self._offered[pid]
+      entry = None
+    return entry is not None
 
   def redeem(self, pid: int, ticket: str) -> bool:
-    """Uses up `ticket` if it was made for `pid`; else one of `pid`'s tickets (a
-    connection costs a ticket either way)."""
-    entry = self._tickets.get(ticket)
-    if entry is not None and entry[0] == pid and entry[1] > time.monotonic():
-      self._drop(ticket)
-      return True
-    if self._by_pid.get(pid):
-      self._drop(self._by_pid[pid][0])
-    return False
+    """Whether `ticket` was made for the process that is `pid` now, and is unexpired."""
+    expires_ms, _, mac = ticket.partition('.')
+    try:
+      expires_ms = int(expires_ms)
+    except ValueError:
+      return False
+    if expires_ms <= time.monotonic() * 1000:
+      return False
+    identity = process_identity(pid)
+    return identity is not None and identity[0] == self._uid and hmac.compare_digest(
+        mac.encode(), self._mac(pid, identity[1], expires_ms).encode())
 
 
 class ShmServer:
@@ -168,7 +212,7 @@ class ShmServer:
     self._lock = threading.Condition()
     self._attached: Dict[Tuple[int, int], _Slot | None] = {}  # None: being attached
     self._new_slots: collections.deque = collections.deque()
-    self._offers = Offers()
+    self._offers = Offers(self._uid)
     self._hellos = 0  # hellos being read (attach threads)
     self._closed = False
     self._refusals = _Throttled()
@@ -190,15 +234,20 @@ class ShmServer:
 
   def offer(self, pid: int | None = None) -> Dict[str, object]:
     """What the actor process `pid` needs to attach (sent over Courier, the control
-    plane), with a one-use ticket bound to `pid`; None: this process (an in-process
-    actor, a test)."""
+    plane), with a ticket bound to that process; None: this process (an in-process
+    actor, a test). When no ticket can be made for it, `refused` says why (and
+    `ticket` is empty): the actor uses Courier, or stops with that reason."""
     pid = os.getpid() if pid is None else operator.index(pid)
     if pid <= 0:
       raise ValueError(f'shm_offer: pid must be a positive int, got {pid}')
-    with self._lock:
-      ticket = self._offers.issue(pid)
-    return {'boot_id': self._boot_id, 'address': self.address,
-            'generation': self.generation, 'pid': pid, 'ticket': ticket}
+    offer = {'boot_id': self._boot_id, 'address': self.address,
+             'generation': self.generation, 'pid': pid, 'ticket': ''}
+    try:
+      with self._lock:
+        offer['ticket'] = self._offers.issue(pid)
+    except OfferRefusedError as e:
+      offer['refused'] = str(e)
+    return offer
 
   @property
   def attached_actors(self) -> int:
@@ -236,7 +285,7 @@ class ShmServer:
                          name='shm-attach').start()
       except RuntimeError as e:  # no thread to be had
         self._refuse(conn, f'the server cannot attach now ({e})')
-        self._hello_done(pid)
+        self._hello_done()
 
   def _refuse(self, conn: socket.socket, why: str) -> None:
     try:
@@ -258,27 +307,20 @@ class ShmServer:
         why = f'uid {uid} may not attach: this server runs as uid {self._uid}'
       elif not self._offers.admits(pid):
         why = (f'no shared-memory offer is outstanding for pid {pid}: ask shm_offer '
-               'over Courier with this process\'s pid (os.getpid()); it is good for '
-               'one attach')
+               'over Courier with this process\'s pid (os.getpid()); its ticket is '
+               'good until it expires')
       else:
         self._hellos += 1
-        self._offers.in_hello[pid] += 1
         return pid
     self._refusals.warning('shm: refused an attach from pid %d uid %d: %s', pid, uid,
                            why)
     self._refuse(conn, why)
     return None
 
-  def _hello_done(self, pid: int, burn: bool = False) -> None:
-    """A hello was read (or not); `burn`: it redeemed no ticket, so one of `pid`'s
-    goes (a connection costs a ticket either way)."""
+  def _hello_done(self) -> None:
+    """A hello was read (or not): its place is free."""
     with self._lock:
-      if burn:
-        self._offers.redeem(pid, '')
       self._hellos -= 1
-      self._offers.in_hello[pid] -= 1
-      if not self._offers.in_hello[pid]:
-        del self._offers.in_hello[pid]
       self._lock.notify_all()
 
   def _read_hello(self, conn: socket.socket) -> shm.Hello:
@@ -290,7 +332,12 @@ class ShmServer:
       if left <= 0:
         raise TimeoutError(f'no complete attach message within {HELLO_DEADLINE_S}s')
       conn.settimeout(left)
-      chunk = conn.recv(shm.MAX_HELLO_BYTES)
+      chunk, fds, flags, _ = socket.recv_fds(conn, shm.MAX_HELLO_BYTES, _MAX_FDS_READ)
+      for fd in fds:  # descriptors are never read from an actor: closed unlooked-at
+        os.close(fd)
+      if fds or flags & socket.MSG_CTRUNC:
+        raise InvalidRequestError('the attach message carries file descriptors; none '
+                                  'are expected')
       if not chunk:
         raise ConnectionResetError('the actor left while attaching')
       data += chunk
@@ -302,15 +349,14 @@ class ShmServer:
       raise InvalidRequestError(f'attach message unreadable: {e}') from None
 
   def _check(self, hello: shm.Hello, pid: int) -> None:
-    with self._lock:
-      redeemed = self._offers.redeem(pid, hello.ticket)  # used up, whatever follows
+    redeemed = self._offers.redeem(pid, hello.ticket)
     if hello.generation != self.generation:
       raise InvalidRequestError(
           f'stale generation {hello.generation}: this central process is generation '
           f'{self.generation} (ask shm_offer again)')
     if not redeemed:
       raise InvalidRequestError(
-          f'attach ticket not valid for pid {pid}: unknown, used, expired or made for '
+          f'attach ticket not valid for pid {pid}: unknown, expired or made for '
           'another process (ask shm_offer again, with this process\'s pid)')
     if hello.num_envs < 1 or hello.num_envs > self._max_request_envs:
       raise InvalidRequestError(f'num_envs {hello.num_envs} outside 1..'
@@ -339,11 +385,10 @@ class ShmServer:
   def _attach(self, conn: socket.socket, pid: int) -> None:
     key = segment = None
     try:
-      hello = None
       try:
         hello = self._read_hello(conn)
       finally:
-        self._hello_done(pid, burn=hello is None)  # the claim below is bounded
+        self._hello_done()  # the claim below is bounded
       self._check(hello, pid)
       key = (hello.first_env_id, hello.num_envs)
       self._claim(key)

@@ -13,6 +13,12 @@ Why these kernel objects (measured in `bench/wakeup.py`; docs/benchmarks.md):
 * The segment is a `memfd` passed over the socket (SCM_RIGHTS), not a `/dev/shm` name:
   the kernel frees it when the last process holding it exits, so nothing outlives a run,
   a Ctrl-C or a `kill -9` of any node, and there is no name to unlink or to clash.
+* It is sealed at its size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) before it is
+  sent, and the side that receives one maps it only if those seals are on and its size
+  is the layout's (`check_descriptor`): both sides map the same file, and a mapping
+  read past the end of a file shrunk under it faults with SIGBUS. Unsealed (issue 47),
+  an attached actor's `ftruncate(fd, 0)` killed the central node at its next header
+  read; sealed, the `ftruncate` fails with EPERM, for root as for anyone.
 * The wake-up is the socket itself: ~2 us more CPU per side than an eventfd, but a
   dead peer reads as end-of-file at once, which is how the central node frees a killed
   actor's slot and how an actor notices a restarted central node (no heartbeat, no
@@ -20,9 +26,10 @@ Why these kernel objects (measured in `bench/wakeup.py`; docs/benchmarks.md):
 
 Courier stays the control plane: an actor asks the central node `shm_offer(pid)` with
 its own pid; the offer carries the host's identity (the kernel's boot id), the socket's
-address, the server's generation (a random id per central process) and a one-use attach
-ticket bound to that pid. The actor attaches only when the boot id is its own.
-Everything else (run ids, refusals, restarts) is the same protocol as over Courier.
+address, the server's generation (a random id per central process) and an attach
+ticket bound to that process (its pid and start time). The actor attaches only when the
+boot id is its own. Everything else (run ids, refusals, restarts) is the same protocol
+as over Courier.
 
 Who may attach (the same-host path trusts only its own run's processes):
 
@@ -34,12 +41,17 @@ Who may attach (the same-host path trusts only its own run's processes):
 * On accept, the server reads the peer's credentials from the kernel (`SO_PEERCRED`,
   which the peer cannot forge): another uid is refused, and so is a pid no offer was
   made for -- before reading a byte, so strangers cost the server no hello slot.
-* The hello must present a ticket made for that very pid; it is used up either way.
-  Binding to the pid, not only to the ticket, means a ticket that leaks (a log, a
-  core dump) admits no other process; the ticket on top of the pid means a process
-  that inherits a dead actor's pid finds no ticket left (one use, and it expires).
-  An actor in another pid namespace than the server sees its pid differently and is
-  refused by name; it then uses Courier.
+* The hello must present a ticket made for that very process: a MAC of its pid, its
+  start time (/proc/<pid>/stat) and an expiry, under a key only the server holds
+  (`seedacme.serving.shm_server.Offers`). Binding to the pid, not only to the ticket,
+  means a ticket that leaks (a log, a core dump) admits no other process; binding to
+  the start time means a process that inherits a dead actor's pid holds no valid
+  ticket. Nothing is stored per ticket, so no Courier call, for whatever pid, can void
+  another process's ticket (issue 47: with a bounded table of one-use tickets, eight
+  offers for a victim's pid or 4,096 for any evicted the victim's, and an actor with
+  `--transport shm` then retried for ever). An offer is made only for a live process
+  of the server's uid in the server's PID namespace; an actor elsewhere gets an offer
+  that says why (`refused`) and uses Courier.
 
 Connection protocol: the actor connects and sends one JSON line (`Hello`); the server
 answers with one JSON message (the segment's layout, or an `error`) carrying the
@@ -48,11 +60,13 @@ segment's file descriptor. Then per request the actor writes the segment and sen
 serves is private: the actor can write its segment at any time), serves it, writes the
 reply and sends `REPLY`.
 
-Why ~330 lines: the segment layout, the private copy of a request, the attach messages
-and descriptor passing are one wire format, read by both sides.
+Why ~380 lines: the segment layout, the private copy of a request, the attach messages
+and descriptor passing (with the seal and size checks a received descriptor must pass)
+are one wire format, read by both sides.
 """
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import mmap
@@ -77,6 +91,30 @@ _HEADER_FIELDS = 8
 _MODES = (Mode.TRAIN, Mode.EVAL)
 _ALIGN = 64
 MAX_HELLO_BYTES = 4096
+# What a segment's memfd must carry before anyone maps it: no size change, no more seals.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class AttachRefusedError(ConnectionRefusedError):
+  """An attach refused by either side, with the reason: the server's refusal, or a
+  segment the actor will not map."""
+
+
+def check_descriptor(fd: int, size: int) -> None:
+  """Raises `AttachRefusedError` unless `fd` is a memfd sealed with `SEALS` whose size
+  is `size`: a file its sender can still shrink would fault (SIGBUS) whoever maps it."""
+  try:
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+  except OSError as e:  # EINVAL: not a memfd (or one made without MFD_ALLOW_SEALING)
+    raise AttachRefusedError(f'the segment descriptor cannot be sealed ({e}): not a '
+                             'memfd made with MFD_ALLOW_SEALING; not mapped') from None
+  if seals & SEALS != SEALS:
+    raise AttachRefusedError(f'the segment is not sealed against resizing (seals '
+                             f'{seals:#x}, need {SEALS:#x}); not mapped')
+  actual = os.fstat(fd).st_size
+  if actual != size:
+    raise AttachRefusedError(f'the segment holds {actual} bytes, its layout {size}; '
+                             'not mapped')
 
 
 def boot_id() -> str:
@@ -183,14 +221,21 @@ class Segment:
   def create(cls, spec: EnvSpec, capacity: int, generation: int) -> 'Segment':
     layout = Layout(capacity, tuple(spec.observation_shape), spec.observation_dtype,
                     generation, tuple(spec.action_shape), spec.action_dtype.name)
-    fd = os.memfd_create('seedacme-actor-segment', os.MFD_CLOEXEC)
-    os.ftruncate(fd, layout.offsets()['size'])
-    segment = cls(layout, fd)
+    fd = os.memfd_create('seedacme-actor-segment', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+      os.ftruncate(fd, layout.offsets()['size'])
+      fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+      segment = cls(layout, fd)
+    except BaseException:
+      os.close(fd)
+      raise
     segment.header[GENERATION] = generation
     return segment
 
   @classmethod
   def attach(cls, layout: Layout, fd: int) -> 'Segment':
+    """Maps the descriptor a peer sent, once `check_descriptor` passes."""
+    check_descriptor(fd, layout.offsets()['size'])
     segment = cls(layout, fd)
     segment.release_descriptor()  # the mapping keeps the memory (and its own dup)
     return segment
@@ -316,17 +361,25 @@ def send_error(conn: socket.socket, message: str, block: bool = True) -> None:
 
 
 def receive_segment(conn: socket.socket) -> Segment:
-  """The segment the server sent, or `ConnectionRefusedError` with its reason."""
+  """The segment the server sent, or `AttachRefusedError` with the server's reason
+  (or why this side will not map what it sent)."""
   data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
-  if not data:
+  try:
+    if not data:
+      raise ConnectionResetError('the server closed the connection while attaching')
+    try:
+      message = json.loads(data.decode())
+      if 'error' in message:
+        raise AttachRefusedError(str(message['error']))
+      layout = Layout.from_json(message)
+      layout.offsets()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise AttachRefusedError(f'the attach reply is unreadable: {e}') from None
+    if len(fds) != 1:
+      raise AttachRefusedError(f'expected one segment descriptor, got {len(fds)}')
+    segment = Segment.attach(layout, fds[0])
+    fds = []
+    return segment
+  finally:
     for fd in fds:
       os.close(fd)
-    raise ConnectionResetError('the server closed the connection while attaching')
-  message = json.loads(data.decode())
-  if 'error' in message:
-    for fd in fds:
-      os.close(fd)
-    raise ConnectionRefusedError(message['error'])
-  if len(fds) != 1:
-    raise ConnectionResetError(f'expected one segment descriptor, got {len(fds)}')
-  return Segment.attach(Layout.from_json(message), fds[0])

@@ -551,18 +551,39 @@ def test_accept_survives_running_out_of_file_descriptors(serving, caplog):
   assert time.monotonic() - started < 3
 
 
-def test_offers_are_bound_to_their_pid_used_once_bounded_and_expire(monkeypatch):
+def test_offers_are_bound_to_their_process_void_none_and_expire(monkeypatch, processes):
   offers = shm_server_lib.Offers()
-  tickets = [offers.issue(100) for _ in range(shm_server_lib.MAX_OFFERS_PER_PID + 2)]
-  assert offers.admits(100) and not offers.admits(101)
-  assert not offers.redeem(100, tickets[0])  # the oldest went past the per-pid bound
-  assert not offers.redeem(101, tickets[-1])  # another pid's ticket
-  assert offers.redeem(100, tickets[-1]) and not offers.redeem(100, tickets[-1])  # once
-  for pid in range(1000, 1000 + shm_server_lib.MAX_OFFERS + 5):
-    offers.issue(pid)
-  assert not offers.redeem(100, tickets[-2])  # the table's bound drops the oldest
+  other = processes('import sys; sys.stdin.readline()')
+  mine = offers.issue(os.getpid())
+  for _ in range(100):  # any number of offers, for this pid or another, voids none
+    offers.issue(os.getpid())
+    offers.issue(other.pid)
+  assert offers.admits(os.getpid()) and offers.admits(other.pid)
+  assert offers.redeem(os.getpid(), mine) and offers.redeem(os.getpid(), mine)
+  assert not offers.redeem(other.pid, mine)  # made for another process
+  expires, mac = mine.split('.')
+  assert not offers.redeem(os.getpid(), f'{int(expires) + 1}.{mac}')  # forged expiry
+  assert not offers.redeem(os.getpid(), '') and not offers.redeem(os.getpid(), 'x.y')
+  theirs = offers.issue(other.pid)
+  other.close()  # gone: its pid may be anyone's next, its ticket is nobody's
+  assert not offers.redeem(other.pid, theirs)
+  with pytest.raises(shm_server_lib.OfferRefusedError, match='no process of uid'):
+    offers.issue(other.pid)
+  with pytest.raises(shm_server_lib.OfferRefusedError, match='no process of uid'):
+    shm_server_lib.Offers(uid=os.geteuid() + 1).issue(os.getpid())  # another user's
   monkeypatch.setattr(shm_server_lib, 'OFFER_TTL_S', 0.01)
   offers = shm_server_lib.Offers()
-  ticket = offers.issue(5)
+  ticket = offers.issue(os.getpid())
   time.sleep(0.02)
-  assert not offers.admits(5) and not offers.redeem(5, ticket)
+  assert not offers.admits(os.getpid()) and not offers.redeem(os.getpid(), ticket)
+
+
+def test_a_full_offer_table_refuses_new_processes_and_keeps_its_entries(monkeypatch,
+                                                                        processes):
+  monkeypatch.setattr(shm_server_lib, 'MAX_OFFERS', 1)
+  offers = shm_server_lib.Offers()
+  mine = offers.issue(os.getpid())
+  other = processes('import sys; sys.stdin.readline()')
+  with pytest.raises(shm_server_lib.OfferRefusedError, match='1 live processes hold'):
+    offers.issue(other.pid)
+  assert offers.admits(os.getpid()) and offers.redeem(os.getpid(), mine)
