@@ -9,7 +9,10 @@ again whenever the server goes away:
   the server (`seedacme.wire.shm`); at 8 actors x 1 env it cost the actor 102 us of
   CPU per env step where Courier cost 388 (docs/benchmarks.md, "Shared memory"). The
   offer is asked for this process's pid (`shm_offer(os.getpid())`): its ticket
-  admits this process only, once.
+  admits this process only. An attach the server refuses by name (or a segment this
+  side will not map: `seedacme.wire.shm.check_descriptor`) falls back to Courier, or
+  with `transport='shm'` is asked again at most `MAX_REFUSED_ATTACHES` times in a
+  row, then stops the actor with the reason (it retried for ever: issue 47).
 * `RpcTransport` otherwise: a Courier call (`client.futures.step`), or an actor's own
   inference (`seedacme.actor.actor_side`), which offers the same call.
 
@@ -21,7 +24,7 @@ closed: a call left on a connection a partition made half-open (`RpcTransport`'s
 and a channel whose reconnect backoff had grown to a minute while the server was away
 (fresh clients, `RECONNECT_AFTER_S`).
 
-Why ~410 lines: three ways to the server (Courier, shared memory, the choice and re-
+Why ~430 lines: three ways to the server (Courier, shared memory, the choice and re-
 attach between them) share one retry and patience policy; the shared-memory attach
 (offer for this pid, ticket, fallback) is most of it, the Courier path's probe and
 reconnect most of the rest.
@@ -53,6 +56,9 @@ PROBE_INTERVAL_S = 10.0
 # machine) first connected ~60 s after the node was serving (emulated hosts, issue 37),
 # and the run reached its target before it; a new channel tries at once.
 RECONNECT_AFTER_S = 5.0
+# transport='shm': refusals in a row (a stale generation after a restart, envs of an
+# actor not yet detached) before the actor stops, naming the last.
+MAX_REFUSED_ATTACHES = 5
 
 
 def fresh_client(client: Any) -> Any:
@@ -313,6 +319,7 @@ class InferencePath:
     self._who = who
     self.current: RpcTransport | ShmTransport | None = None
     self.attaches = 0
+    self._refused = 0  # shared-memory attaches refused in a row
     courier_guard.install()  # replies rebuild no code (seedacme.wire.courier_guard)
 
   @property
@@ -369,8 +376,10 @@ class InferencePath:
     if self._stop.is_set():
       return None
     elsewhere = offer is not None and offer['boot_id'] != shm.boot_id()
-    if offer is None or elsewhere:
-      why = 'runs on another host' if elsewhere else 'offers no shared memory'
+    if offer is None or elsewhere or offer.get('refused'):
+      why = ('runs on another host' if elsewhere else 'offers no shared memory'
+             if offer is None else
+             f"offers no shared memory to this process: {offer['refused']}")
       if self._transport == 'shm':
         raise RuntimeError(f'{self._who}: transport=shm, but the inference server {why}')
       logging.info('%s: the inference server %s: requests through Courier', self._who, why)
@@ -378,6 +387,19 @@ class InferencePath:
     try:
       path = ShmTransport.attach(offer, self._first_env_id, self._num_envs, self._stop,
                                  self._who)
+    except shm.AttachRefusedError as e:  # refused by name, not away: asking for ever
+      # would not help (issue 47: an actor whose ticket was voided retried for ever)
+      if self._transport != 'shm':
+        logging.warning('%s: shared memory refused (%s); requests through Courier',
+                        self._who, e)
+        return rpc
+      self._refused += 1
+      if self._refused >= MAX_REFUSED_ATTACHES:
+        raise RuntimeError(f'{self._who}: transport=shm, but attaching was refused '
+                           f'{self._refused} times in a row; last: {e}') from e
+      logging.warning('%s: shared memory refused (%s); asking again', self._who, e)
+      self._stop.wait(1.0)
+      return None
     except OSError as e:
       if self._transport == 'shm':  # e.g. the server closed after its offer: ask again
         logging.warning('%s: shared memory not attached (%s); asking again', self._who, e)
@@ -386,6 +408,7 @@ class InferencePath:
       logging.warning('%s: shared memory offered but not attached (%s); requests '
                       'through Courier', self._who, e)
       return rpc
+    self._refused = 0
     logging.info('%s: requests through shared memory (segment of %d envs, generation '
                  '%d)', self._who, self._num_envs, offer['generation'])
     return path

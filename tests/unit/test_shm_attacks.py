@@ -587,3 +587,40 @@ def test_a_full_offer_table_refuses_new_processes_and_keeps_its_entries(monkeypa
   with pytest.raises(shm_server_lib.OfferRefusedError, match='1 live processes hold'):
     offers.issue(other.pid)
   assert offers.admits(os.getpid()) and offers.redeem(os.getpid(), mine)
+
+
+@pytest.mark.timeout(60)
+def test_an_actor_refused_by_name_stops_with_the_reason_not_for_ever(serving):
+  """transport='shm' and every attach refused (here: the server's uid is another):
+  it asked again for ever (issue 47); it stops after a few, naming the refusal."""
+  server, shm_server, _, _ = serving
+  shm_server._uid = os.geteuid() + 1  # pylint: disable=protected-access
+  path = InferencePath(InProcessClient(server, shm_server), 0, 2, threading.Event(), 'shm')
+  started = time.monotonic()
+  try:
+    with pytest.raises(RuntimeError, match=r'attaching was refused 5 times in a row; '
+                       r'last: uid \d+ may not attach'):
+      _step_bounded(path, [0, 1], 1.0, 30, FIRST)
+  finally:
+    path.close()
+  assert time.monotonic() - started < 15
+
+
+@pytest.mark.timeout(60)
+def test_an_offer_for_a_process_elsewhere_says_why_and_the_actor_stops(serving):
+  """A pid the server cannot see as a process of its uid (another PID namespace, a
+  process gone): the offer says why, and a transport='shm' actor stops with it."""
+  server, shm_server, _, _ = serving
+  gone = subprocess.Popen(['true'])
+  gone.wait()
+  offer = shm_server.offer(gone.pid)
+  assert not offer['ticket'] and 'no process of uid' in offer['refused'], offer
+  client = InProcessClient(server, shm_server)
+  client.shm_offer = lambda pid=None: client._done(shm_server.offer(gone.pid))
+  path = InferencePath(client, 0, 2, threading.Event(), 'shm')
+  try:
+    with pytest.raises(RuntimeError, match='offers no shared memory to this process: '
+                       f'pid {gone.pid} is no process of uid'):
+      _step_bounded(path, [0, 1], 1.0, 10, FIRST)
+  finally:
+    path.close()
