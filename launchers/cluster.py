@@ -61,15 +61,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='build the program, check --cluster_spec and --replicas, print which '
                  'replica starts where; start nothing (needs no xmanager)')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  p.add_argument('--network', choices=('isolated', 'host'), default='isolated',
+                 help='isolated: this host\'s replicas run in a private network namespace '
+                 'with only loopback, and the only thing listening on its spec address is '
+                 'the run\'s mutual-TLS endpoint (refuses to start where a namespace cannot '
+                 'be made); host: every replica listens on every interface, '
+                 'unauthenticated (' + EXPOSURE + ')')
+  p.add_argument('--tls_dir', default=None,
+                 help='this host\'s own credentials: ca.pem plus cert.pem and key.pem '
+                 '(or ca.key to issue them from); default: a CA made for the run in '
+                 '<logdir>/tls (required for a gs:// logdir)')
   p.add_argument('--allow_public_addresses', action='store_true',
-                 help='accept cluster spec addresses outside loopback and private ranges '
-                 '(refused by default: ' + EXPOSURE + ')')
+                 help='with --network host: accept cluster spec addresses outside '
+                 'loopback and private ranges (refused by default: ' + EXPOSURE + ')')
   return p.parse_args(argv)
 
 
 EXPOSURE = ('Courier and Reverb have no authentication: anyone who can reach a '
             "replica's port can send inference requests and reports, and read, write or "
-            'reset the replay. Run the cluster on a private network or a VPN')
+            'reset the replay')
 
 
 def _resolve(host: str) -> List[str]:
@@ -186,15 +196,30 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     print(f'cluster: {e}', file=sys.stderr)
     return 2
-  exposed = public_addresses(hosts) if hosts else []
+  # Isolated, nothing but the TLS endpoint listens on this host's address, so a public
+  # address is a TLS port (as a gRPC server's); on the host network it is every port.
+  exposed = public_addresses(hosts) if hosts and args.network == 'host' else []
   if exposed and not args.allow_public_addresses:
     print(f'cluster: refusing addresses outside loopback and private networks: '
           f'{", ".join(exposed)}. {EXPOSURE}; --allow_public_addresses starts it anyway',
           file=sys.stderr)
     return 2
-  if hosts:
-    print(f'cluster: {EXPOSURE}' + (' (public addresses allowed by flag)' if exposed else ''),
-          file=sys.stderr)
+  if hosts and args.network == 'host':
+    print(f'cluster: --network host: {EXPOSURE}' +
+          (' (public addresses allowed by flag)' if exposed else ''), file=sys.stderr)
+  if not args.dry_run and args.network == 'isolated':
+    from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
+    problem = tls_tunnel.namespace_problem()
+    if problem:
+      print(f'cluster: cannot make a private network namespace ({problem}), so every '
+            f'replica would listen on every interface: {EXPOSURE}. Refusing to start; '
+            '--network host runs exposed anyway (on a private network or VPN)',
+            file=sys.stderr)
+      return 2
+    if '://' in logdir and not args.tls_dir:
+      print('cluster: a gs:// logdir needs --tls_dir (keys are not written to a bucket)',
+            file=sys.stderr)
+      return 2
 
   if args.json:
     print(json.dumps({
@@ -217,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   code_directory = vertex.stage_code_directory()
   return emulation.run(program, pools, host_resources(list(pools), code_directory), logdir,
-                       args.replica_logs, hosts, mine, launcher='cluster')
+                       args.replica_logs, hosts, mine, launcher='cluster',
+                       network=args.network, tls_dir=args.tls_dir)
 
 
 if __name__ == '__main__':

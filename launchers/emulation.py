@@ -28,6 +28,7 @@ the image build, Vertex's DNS names, GCS, accelerators.
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,7 +201,7 @@ class Replicas:
 
   def start(self, pool: str, directory: str, command: List[str], index: int,
             cluster: Dict[str, List[str]], forbidden_source: str | None,
-            log_dir: str) -> None:
+            log_dir: str, prefix: List[str] = ()) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
     env['CLUSTER_SPEC'] = json.dumps({'cluster': cluster,
                                       'task': {'type': pool, 'index': index}})
@@ -211,7 +212,7 @@ class Replicas:
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, f'{pool}-{index}'), 'w') as log:
       self.procs[f'{pool}/{index}'] = subprocess.Popen(
-          argv, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+          [*prefix, *argv], cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
 
   def request_stop(self, *_) -> None:
     self._stop.set()
@@ -248,9 +249,29 @@ class Replicas:
         p.wait()
 
 
+def open_tunnel(spec: Dict[str, List[str]], mine: Set[Tuple[str, int]],
+                every: Set[Tuple[str, int]], logdir: str, tls_dir: str | None,
+                run_name: str, launcher: str):
+  """(tunnel, the cluster spec this host's replicas see): a private namespace, and a
+  mutual-TLS endpoint in front of it when replicas run elsewhere too."""
+  from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
+  if mine == every:  # one host: loopback only, no one to authenticate
+    return tls_tunnel.Tunnel(None, None), spec
+  plan, seen = tls_tunnel.plan(spec, mine)
+  work = tempfile.mkdtemp(prefix='seedacme-tls-')
+  creds = tls_tunnel.host_credentials(logdir, tls_dir, plan.address, run_name, work)
+  tunnel = tls_tunnel.Tunnel(plan, creds)
+  shutil.rmtree(work, ignore_errors=True)  # the contexts hold the key now
+  print(f'{launcher}: replicas in a private network namespace; mutual TLS on '
+        f'{plan.address} ports {plan.inbound}; {len(plan.outbound)} peers through it '
+        f'(credentials: {tls_dir or os.path.join(logdir, "tls")})', flush=True)
+  return tunnel, seen
+
+
 def run(program, pools: Dict[str, List[str]], resources, logdir: str,
         log_dir: str | None = None, hosts: Dict[str, List[str]] | None = None,
-        mine: Set[Tuple[str, int]] | None = None, launcher: str = 'emulation') -> int:
+        mine: Set[Tuple[str, int]] | None = None, launcher: str = 'emulation',
+        network: str = 'isolated', tls_dir: str | None = None) -> int:
   """Builds the executables and runs this host's replicas until the program ends.
 
   Args:
@@ -263,6 +284,12 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
       When others run elsewhere, the run's summary appearing in `logdir` tells this
       host to stop its replicas (the central node's host is signalled by its stopper).
     launcher: the name printed before this function's lines.
+    network: 'isolated' (default): this host's replicas run in one private network
+      namespace with only loopback, and when other hosts take part, a mutual-TLS
+      endpoint of the run is the only thing on this host's address
+      (`seedacme.wire.tls_tunnel`); 'host': on the host's network, exposed.
+    tls_dir: the user's own credentials (see `tls_tunnel.host_credentials`); default:
+      the run's CA in `<logdir>/tls`.
 
   Returns:
     0 when every replica exited 0, else 1.
@@ -272,6 +299,16 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   mine = every if mine is None else mine
   built = build_pools(program, pools, resources)
   spec = cluster_spec(counts, hosts)
+  tunnel, seen = None, spec
+  if network == 'isolated':
+    from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
+    problem = tls_tunnel.namespace_problem()
+    if problem:
+      print(f'{launcher}: cannot make a private network namespace ({problem}): the '
+            'replicas would listen unauthenticated on every interface; refusing',
+            file=sys.stderr, flush=True)
+      return 2
+    tunnel, seen = open_tunnel(spec, mine, every, logdir, tls_dir, program.name, launcher)
   summary = os.path.join(logdir, logdir_lib.SUMMARY) if mine != every else None
   replicas = Replicas(summary_path=summary)
   signal.signal(signal.SIGTERM, replicas.request_stop)
@@ -281,11 +318,16 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   for pool in built:
     for index in range(pool.replicas):
       if (pool.name, index) in mine:
-        replicas.start(pool.name, pool.directory, pool.command, index, spec, forbidden,
-                       log_dir)
+        replicas.start(pool.name, pool.directory, pool.command, index, seen, forbidden,
+                       log_dir, tunnel.prefix() if tunnel else ())
   print(f'{launcher}: {len(replicas.procs)} of {len(every)} replicas in {len(built)} pools '
         f'({", ".join(f"{b.name} x {b.replicas}" for b in built)}) on this host; '
         f'logs in {log_dir}', flush=True)
-  codes = replicas.wait(launcher)
+  try:
+    codes = replicas.wait(launcher)
+  finally:
+    if tunnel is not None:
+      print(f'{launcher}: TLS endpoint {tunnel.counters.as_dict()}', flush=True)
+      tunnel.close()
   print(f'{launcher}: replicas ended: {codes}', flush=True)
   return 1 if any(c != 0 for c in codes.values()) else 0

@@ -12,11 +12,12 @@ all inside one new user, mount, network and PID namespace:
 
 `run(host, argv)` starts a command "on" a host (`ip netns exec`); `link(host, up)`
 takes its link down and up; `kill_host(host)` SIGKILLs every process whose network
-namespace is that host's (what it runs, however it was started: a launcher's own
-children included); `close()` ends the agent. Everything lives in the agent's PID
-namespace, so whatever way the agent ends (`close`, an exception, `kill -9` of the
-test), the kernel kills every process left in it, and the namespaces and the tmpfs
-holding them go with their last process: nothing can be left behind.
+namespace is that host's, and their descendants (what it runs, however it was
+started: a launcher's own children included, and its replicas in their private
+namespace); `close()` ends the agent. Everything lives in the agent's PID namespace,
+so whatever way the agent ends (`close`, an exception, `kill -9` of the test), the
+kernel kills every process left in it, and the namespaces and the tmpfs holding them go
+with their last process: nothing can be left behind.
 
 Traffic stays inside: the bridge has no uplink and the namespaces no default route,
 so a test can send only to addresses these hosts own. Where user namespaces are
@@ -229,9 +230,26 @@ class _Agent:
     return host
 
   def _pids(self, host: str) -> List[int]:
+    """The host's processes: those in its network namespace and their descendants (a
+    launcher's replicas run in a private namespace of their own, below the host's)."""
     me = os.getpid()
-    return [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != me
-            and _netns_inode(p) == self.netns[host]]
+    parents, members = {}, set()
+    for p in os.listdir('/proc'):
+      if not p.isdigit() or int(p) == me:
+        continue
+      try:
+        with open(f'/proc/{p}/stat') as f:
+          parents[int(p)] = int(f.read().rsplit(') ', 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      if _netns_inode(p) == self.netns[host]:
+        members.add(int(p))
+    grew = True
+    while grew:
+      below = {p for p, parent in parents.items() if parent in members} - members
+      members |= below
+      grew = bool(below)
+    return sorted(members)
 
   def handle(self, op: Dict) -> Dict:
     kind = op.get('op')

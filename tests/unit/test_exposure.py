@@ -2,9 +2,10 @@
 
 `run_local` and `seedacme.launchers.local.launch` refuse to start where they cannot
 isolate the program's network (here: `unshare` not on PATH), naming why and how to run
-exposed; the cluster launcher refuses a cluster spec with an address outside loopback
-and private ranges unless `--allow_public_addresses`. The address check runs on parsed
-specs: nothing is connected to (names resolve through a stand-in resolver).
+exposed; the cluster launcher with `--network host` refuses a cluster spec with an
+address outside loopback and private ranges unless `--allow_public_addresses` (by
+default it is isolated: only its mutual-TLS endpoint listens there,
+tests/unit/test_tls_tunnel.py). The address check runs on parsed specs: nothing is connected to (names resolve through a stand-in resolver).
 """
 
 import json
@@ -72,7 +73,8 @@ def _spec(**pools):
 @pytest.mark.parametrize('address', ['8.8.8.8:7002', '[2001:4860::1]:7002', '0.0.0.0:7002',
                                      '172.32.0.1:7002'])
 def test_the_cluster_launcher_refuses_public_addresses(address, capsys):
-  args = ['catch', 'vtrace', '1', '--dry_run', '--cluster_spec', _spec(actor=[address])]
+  args = ['catch', 'vtrace', '1', '--dry_run', '--network', 'host', '--cluster_spec',
+          _spec(actor=[address])]
   assert cluster.main(args) == 2
   err = capsys.readouterr().err
   assert f'refusing addresses outside loopback and private networks: {address}' in err
@@ -83,9 +85,17 @@ def test_the_cluster_launcher_refuses_public_addresses(address, capsys):
 @pytest.mark.parametrize('address', ['127.0.0.1:7002', '192.168.4.2:7002', '172.20.0.3:7002',
                                      '100.101.1.2:7002', '[fd12::3]:7002', '[::1]:7002'])
 def test_the_cluster_launcher_accepts_loopback_and_private_addresses(address, capsys):
-  assert cluster.main(['catch', 'vtrace', '1', '--dry_run', '--cluster_spec',
-                       _spec(actor=[address])]) == 0
+  assert cluster.main(['catch', 'vtrace', '1', '--dry_run', '--network', 'host',
+                       '--cluster_spec', _spec(actor=[address])]) == 0
   assert 'no authentication' in capsys.readouterr().err  # said plainly all the same
+
+
+def test_isolated_by_default_a_public_address_is_only_a_tls_port(capsys):
+  """Isolated (the default), nothing but the run's mutual-TLS endpoint listens on a
+  host's spec address, so the address check that guarded every port does not apply."""
+  assert cluster.main(['catch', 'vtrace', '1', '--dry_run', '--cluster_spec',
+                       _spec(actor=['8.8.8.8:7002'])]) == 0
+  assert 'refusing' not in capsys.readouterr().err
 
 
 def test_host_names_are_checked_by_what_they_resolve_to():
