@@ -107,7 +107,7 @@ class ActorSideInference:
       """Acme's client; counts the parameter copies it makes."""
 
       def _copy(self, new_variables):
-        super()._copy(new_variables)
+        super()._copy(courier_guard.accept(new_variables, 'actor: the learner\'s variables'))
         actor.variable_updates += 1
 
     self.variable_updates = 0
@@ -140,7 +140,7 @@ class ActorSideInference:
     if now - self._last_report < self._report_interval_s:
       return
     self._last_report = now
-    self._central.futures.report_acting(self.take_report())
+    self._central.futures.report_acting(courier_guard.plain(self.take_report()))
 
   def take_report(self) -> Dict[str, Any]:
     """What happened since the last report (the central node sums these)."""
@@ -198,7 +198,7 @@ def run_actor_with_inference(payload: bytes, replay_address: Any, central: Any,
     fault = e
   finally:
     try:
-      central.futures.report_acting(inference.take_report())
+      central.futures.report_acting(courier_guard.plain(inference.take_report()))
     except Exception:  # pylint: disable=broad-except
       pass
     inference.close()

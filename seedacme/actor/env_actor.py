@@ -51,6 +51,7 @@ from seedacme.runtime import supervisor
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.runtime.priority import lower_process_priority
 from seedacme.types import EnvFactory, Mode
+from seedacme.wire import courier_guard
 from seedacme.wire.reports import env_fault, fault_report
 
 # How long one env call (a batch's step or reset) may take before the actor reports
@@ -292,7 +293,8 @@ class EnvActor:
     logging.error('%s %d: env %s (env ids %s, seed %d) %s: %s: %s', kind, self._actor_id,
                   name, fault['env_ids'], fault['seed'], what, error_type, message)
     try:  # to the central node's log and summary; bounded: it may be away
-      self._central.futures.report_acting(fault_report(self._actor_id, [fault])).result(
+      self._central.futures.report_acting(
+          courier_guard.plain(fault_report(self._actor_id, [fault]))).result(
           timeout=_FAULT_REPORT_TIMEOUT_S)
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('%s %d: could not report the env fault to the central node: %s',

@@ -97,6 +97,10 @@ class _Patience:
       self._next += 30.0
 
 
+def _same(value):
+  return value
+
+
 class RpcTransport:
   """A call per request (`client.futures.step(request)`), retried while the server is
   unreachable (gRPC waits for a restarting server by itself).
@@ -119,6 +123,9 @@ class RpcTransport:
     self._client = client
     self._stop = stop
     self._who = who
+    # Over Courier a request travels as `courier_guard.plain` values (no pickled numpy
+    # for the server to rebuild); an actor's own inference takes it as it is.
+    self._encode = courier_guard.plain if fresh_client(client) is not None else _same
 
   def step(self, env_ids, run_ids, observation, reward, discount, step_type,
            mode: Mode) -> Dict[str, Any] | None:
@@ -131,14 +138,13 @@ class RpcTransport:
                                     step_type, mode)
     backoff = 0.1
     while not self._stop.is_set():
-      future = self._client.futures.step(request)
+      future = self._client.futures.step(self._encode(request))
       patience = _Patience(self._who, 'Courier')
       probe_at = time.monotonic() + PROBE_INTERVAL_S
       while True:
         try:
-          reply = future.result(timeout=_SLICE_S)
-          courier_guard.check(reply, f'{self._who}: the inference reply')
-          return reply
+          return courier_guard.accept(future.result(timeout=_SLICE_S),
+                                      f'{self._who}: the inference reply')
         except futures.TimeoutError:
           if self._stop.is_set():
             future.cancel()
@@ -341,8 +347,8 @@ class InferencePath:
       try:
         while True:
           try:
-            offer = future.result(timeout=_SLICE_S)
-            courier_guard.check(offer, f'{self._who}: the shared-memory offer')
+            offer = courier_guard.accept(future.result(timeout=_SLICE_S),
+                                         f'{self._who}: the shared-memory offer')
             break
           except futures.TimeoutError:
             if self._stop.is_set():

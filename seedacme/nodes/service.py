@@ -17,28 +17,29 @@ PUBLIC_METHODS = ('step', 'shm_offer', 'report_acting', 'get_variables', 'ping')
 
 
 class CentralService:
-  """Serves `PUBLIC_METHODS` of a `CentralNode` and nothing else; every call's
-  arguments are checked for objects Courier was refused to rebuild
-  (`seedacme.wire.courier_guard`), so such a caller gets a named error."""
+  """Serves `PUBLIC_METHODS` of a `CentralNode` and nothing else, on seedacme's wire
+  (`seedacme.wire.courier_guard`): every call's arguments are checked for anything
+  refused (a caller gets a named error) and decoded (`accept`), every result sent as
+  plain values (`plain`: no pickled numpy for the caller to rebuild)."""
 
   def __init__(self, node: Any):
     self._node = node
 
   def step(self, request):
-    courier_guard.check(request, 'step')
-    return self._node.step(request)
+    request = courier_guard.accept(request, 'step')
+    return courier_guard.plain(self._node.step(request))
 
   def shm_offer(self, *args):
-    courier_guard.check(args, 'shm_offer')
-    return self._node.shm_offer(*args)
+    args = courier_guard.accept(args, 'shm_offer')
+    return courier_guard.plain(self._node.shm_offer(*args))
 
   def report_acting(self, report):
-    courier_guard.check(report, 'report_acting')
-    return self._node.report_acting(report)
+    report = courier_guard.accept(report, 'report_acting')
+    return courier_guard.plain(self._node.report_acting(report))
 
   def get_variables(self, names):
-    courier_guard.check(names, 'get_variables')
-    return self._node.get_variables(names)
+    names = courier_guard.accept(names, 'get_variables')
+    return courier_guard.plain(self._node.get_variables(names))
 
   def ping(self, *args):
     """Answers at once: an actor whose call is long unanswered sends one, and on a

@@ -49,24 +49,10 @@ import numpy as np
 
 from seedacme.wire.protocol import InvalidRequestError
 
-ALLOWED: FrozenSet[Tuple[str, str]] = frozenset({
-    ('numpy', 'ndarray'),
-    ('numpy', 'dtype'),
-    ('numpy.core.multiarray', '_reconstruct'),
-    ('numpy.core.multiarray', 'scalar'),
-    # numpy's C code pickling an array on the sending side reads these two
-    ('numpy.core._multiarray_umath', '_reconstruct'),
-    ('numpy.core._multiarray_umath', 'dtype'),
-    ('numpy.core._multiarray_umath', 'scalar'),
-    ('builtins', 'set'),
-    ('builtins', 'frozenset'),
-    ('builtins', 'complex'),
-    ('copyreg', '__newobj__'),
-    ('copyreg', '_reconstructor'),
-    # Courier formats a handler's exception for its caller with this
-    ('traceback', 'format_exception'),
-})
-_ALLOWED_MODULES = frozenset({module for module, _ in ALLOWED} | {'numpy.core._exceptions'})
+# The one name Courier rebuilds in a seedacme process (see the docstring): its
+# server formats a handler's exception with it. Handed over wrapped (`_safe_for`).
+ALLOWED: FrozenSet[Tuple[str, str]] = frozenset({('traceback', 'format_exception')})
+_ALLOWED_MODULES = frozenset(module for module, _ in ALLOWED)
 
 
 class RefusedPayloadError(InvalidRequestError):
@@ -114,6 +100,98 @@ class _StandIn:
     return RefusedPayload(self.what)
 
 
+class _Lines(list):
+  """What the wrapped `format_exception` returns: a list of strings on which Courier's
+  rebuilding steps (`__setstate__`, `extend`, item assignment) cannot fail."""
+
+  def __setstate__(self, state) -> None:
+    del state
+
+  def extend(self, items) -> None:
+    del items
+
+  def __setitem__(self, key, value) -> None:
+    del key, value
+
+
+# The dtypes an array may travel with: numbers and bools, little-endian.
+_DTYPES = {np.dtype(c).newbyteorder('<').str: np.dtype(c).newbyteorder('<')
+           for c in '?bhilqBHILQefd'}
+_MAX_ARRAY_BYTES = 1 << 30
+_ARRAY_TAG = b'\x00seedacme.ndarray'
+
+
+def _format_exception(*args, **kwargs) -> _Lines:
+  import traceback  # pylint: disable=g-import-not-at-top
+  return _Lines(str(line) for line in traceback.format_exception(*args, **kwargs))
+
+
+def _safe_for(name: str, attr: str):
+  """What Courier gets for allowed `name.attr`: a function that checks its arguments
+  and cannot fail (Courier does not check the call's result: an exception there was a
+  SIGSEGV); a failed call gives the inert stand-in. It carries the real one's module
+  and name, since numpy's own pickling (Courier's serializer, sending an array)
+  looks `_reconstruct` and `scalar` up through the same import and sends them by name."""
+  if (name, attr) in _SAFE:  # one object per name: Courier's serializer checks that
+    return _SAFE[(name, attr)]  # the name it sends resolves to the object it has
+  real = {'format_exception': _format_exception}[attr]
+
+  def safe(*args, **kwargs):
+    try:
+      return real(*args, **kwargs)
+    except BaseException:  # pylint: disable=broad-except
+      return RefusedPayload(f'{name}.{attr} (called with arguments it refused)')
+
+  safe.__module__, safe.__name__, safe.__qualname__ = name, attr, attr
+  return _SAFE.setdefault((name, attr), safe)
+
+
+_SAFE = {}
+
+
+def plain(value, depth: int = 0):
+  """`value` as seedacme sends it over Courier: only types Courier carries natively.
+  An array of numbers or bools travels as `(_ARRAY_TAG, dtype, shape, bytes)` (Courier
+  would pickle it, and the receiver would have to rebuild numpy's constructors, whose
+  `__setstate__` takes forged dtype flags); other arrays and sets as lists, numpy
+  scalars as Python numbers. `accept` on the receiving side turns it back."""
+  kind = type(value)
+  if kind in _PLAIN:
+    return value
+  if isinstance(value, np.ndarray):
+    if value.dtype.kind in 'biuf':
+      dtype = value.dtype.newbyteorder('<') if value.dtype.byteorder == '>' else value.dtype
+      return (_ARRAY_TAG, dtype.str, tuple(int(n) for n in value.shape),
+              np.ascontiguousarray(value, dtype).tobytes())
+    return plain(value.tolist(), depth + 1)
+  if isinstance(value, np.generic):
+    return value.item()
+  if depth > 32:
+    raise ValueError('a message nested deeper than 32 levels')
+  if isinstance(value, dict):
+    return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
+  if isinstance(value, (list, set, frozenset)):
+    return [plain(v, depth + 1) for v in value]
+  if isinstance(value, tuple):
+    return tuple(plain(v, depth + 1) for v in value)
+  return value
+
+
+def _array(value: tuple) -> np.ndarray | str:
+  """The array a tagged tuple carries, or why it is refused."""
+  if len(value) != 4:
+    return 'a malformed array'
+  _, dtype, shape, data = value
+  dtype = _DTYPES.get(dtype) if type(dtype) is str else None
+  if (dtype is None or type(shape) is not tuple or type(data) is not bytes
+      or not all(type(n) is int and 0 <= n for n in shape)):
+    return f'an array of dtype {value[1]!r:.40}' if dtype is None else 'a malformed array'
+  size = int(np.prod(shape, dtype=np.float64)) if shape else 1
+  if size * dtype.itemsize > _MAX_ARRAY_BYTES or len(data) != size * dtype.itemsize:
+    return 'an array whose bytes do not match its shape'
+  return np.frombuffer(bytearray(data), dtype).reshape(shape)
+
+
 def _message(what: str) -> str:
   return (f'refused to rebuild {what} from a Courier message: seedacme accepts only '
           'numpy arrays, numbers, strings, bytes, lists, tuples and dicts')
@@ -137,34 +215,66 @@ _PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
 
 
 def find_refused(value, depth: int = 0) -> str | None:
-  """What `value` (a rebuilt Courier payload) carries that was refused, or None.
-  A request (a dict of three arrays and a string) takes 3-4 us; a first version that
-  called itself on every leaf took 8-11 us (timeit, one run, load 1.1-1.9)."""
+  """What `value` (a rebuilt Courier payload) carries that is refused, or None: a
+  stand-in, an array that is not `plain`'s, a type Courier only rebuilds through a
+  constructor, or a nest deeper than 32."""
   kind = type(value)
-  if isinstance(value, np.ndarray):
-    if not value.dtype.hasobject:
-      return None
-    items = value.flat
-  elif kind in _PLAIN:
+  if kind in _PLAIN:
     return None
-  elif kind is RefusedPayload or kind is _StandIn:
+  if kind is RefusedPayload or kind is _StandIn:
     return object.__getattribute__(value, 'what')
-  elif isinstance(value, dict):
-    items = (x for pair in value.items() for x in pair)
-  elif isinstance(value, (list, tuple, set, frozenset)):
-    items = value
-  else:
-    return None
+  if kind is np.ndarray:  # Courier's own tensors: numbers and bools only
+    return None if value.dtype.kind in 'biuf' else f'an array of dtype {value.dtype}'
   if depth > 32:
-    return None
+    return 'a message nested deeper than 32 levels'
+  if kind is dict:
+    items = (x for pair in value.items() for x in pair)
+  elif kind is tuple and value and value[0] == _ARRAY_TAG:
+    found = _array(value)
+    return found if isinstance(found, str) else None
+  elif kind is list or kind is tuple or kind is _Lines:
+    items = value
+  else:  # nothing else is rebuilt from seedacme's own traffic
+    return f'an object of type {kind.__module__}.{kind.__qualname__}'
   for item in items:
-    leaf = type(item)
-    if leaf in _PLAIN or (leaf is np.ndarray and not item.dtype.hasobject):
+    if type(item) in _PLAIN:
       continue  # what `find_refused(item)` would say, without the call
     found = find_refused(item, depth + 1)
     if found:
       return found
   return None
+
+
+def _unwrap(value):
+  kind = type(value)
+  if kind in _PLAIN:
+    return value
+  if kind is dict:
+    return {_unwrap(k): _unwrap(v) for k, v in value.items()}
+  if kind is tuple and value and value[0] == _ARRAY_TAG:
+    return _array(value)
+  if kind is list or kind is _Lines:
+    return [_unwrap(v) for v in value]
+  if kind is tuple:
+    return tuple(_unwrap(v) for v in value)
+  return value
+
+
+def accept(value, where: str):
+  """`check`, then `value` as handlers use it: `plain`'s arrays as ndarrays again."""
+  check(value, where)
+  return _unwrap(value)
+
+
+def served(handler, name: str):
+  """`handler` as a Courier method of seedacme's wire: arguments through `accept`, the
+  result through `plain` (`seedacme.nodes.service` serves the central node so)."""
+
+  def method(*args):
+    return plain(handler(*accept(args, name)))
+
+  method.__name__ = name
+  return method
 
 
 def check(value, where: str) -> None:
@@ -173,13 +283,6 @@ def check(value, where: str) -> None:
   found = find_refused(value)
   if found:
     raise RefusedPayloadError(f'{where}: {_message(found)}')
-
-
-def _numpy_error(module: types.ModuleType, attr: str) -> bool:
-  """numpy's C code reports some errors with classes it imports lazily from here."""
-  value = getattr(module, attr, None)
-  return (module.__name__ == 'numpy.core._exceptions' and isinstance(value, type)
-          and issubclass(value, BaseException))
 
 
 class _Gate(types.ModuleType):
@@ -197,11 +300,16 @@ class _Gate(types.ModuleType):
         del sys.modules[name]
       else:
         sys.modules[name] = module
-    if threading.get_ident() != thread:  # another thread caught the gate in its window
+    # Another thread caught the gate in its window: a Python import statement there
+    # gets the real attribute; Courier's deserializer on another thread (no Python
+    # frame above this one, or Courier's client module) is held to the allow-list.
+    caller = sys._getframe(1) if sys._getframe(0).f_back is not None else None
+    if threading.get_ident() != thread and caller is not None and \
+        caller.f_code.co_filename != _courier_client_file:
       return getattr(module or importlib.import_module(name), attr)
-    if module is None or ((name, attr) not in ALLOWED and not _numpy_error(module, attr)):
+    if module is None or (name, attr) not in ALLOWED:
       return _refuse(f'{name}.{attr}')
-    return getattr(module, attr)
+    return _safe_for(name, attr)
 
 
 def _from_courier() -> bool:
@@ -220,9 +328,9 @@ def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # p
     if name in _ALLOWED_MODULES:
       _real_import(name, globals, locals, fromlist, level)
     module = sys.modules.get(name)
-    if isinstance(module, _Gate) or (module is not None
-                                     and not isinstance(module, types.ModuleType)):
+    if isinstance(module, _Gate):
       return module
+    # Any entry, module or not (Python 3.10 keeps classes there: `typing.io`), is gated.
     sys.modules[name] = gate = _Gate(name, module, threading.get_ident())
     return gate
   return _real_import(name, globals, locals, fromlist, level)

@@ -24,6 +24,7 @@ from seedacme.nodes.report_intake import ReportIntake
 from seedacme.run.accounting import ActingLog
 from seedacme.types import Mode
 from seedacme.wire.protocol import InvalidRequestError
+from seedacme.wire import courier_guard
 from seedacme.wire.reports import POLICY_VARIABLES, check_report
 
 
@@ -42,7 +43,7 @@ class _Central:
     return [[v.numpy() for v in self.network.variables]]
 
   def report_acting(self, report):
-    self.reports.append(report)
+    self.reports.append(courier_guard.accept(report, 'report_acting'))  # as served
     future = futures.Future()
     future.set_result(None)
     return future

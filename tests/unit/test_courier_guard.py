@@ -75,7 +75,8 @@ def _valid_step(address: str, factory) -> dict:
   obs = np.stack([ts.observation] * 2)
   request = make_request(np.arange(2), np.ones(2, np.int64), obs, np.zeros(2),
                          np.ones(2), np.zeros(2))
-  return courier.Client(address).step(request)
+  reply = courier.Client(address).step(courier_guard.plain(request))
+  return courier_guard.accept(reply, 'the reply')
 
 
 @pytest.mark.timeout(120)

@@ -11,6 +11,7 @@ import pytest
 
 from seedacme.actor import transport
 from seedacme.types import FIRST, Mode
+from seedacme.wire import courier_guard
 
 
 class _HalfOpenClient:
@@ -29,7 +30,9 @@ class _HalfOpenClient:
     if self.calls == 1:
       self._stuck = future
     else:
-      future.set_result({'action': np.zeros(len(request['ids'][0]), np.int32)})
+      request = courier_guard.accept(request, 'step')  # as Courier carries it
+      future.set_result(courier_guard.plain({'action': np.zeros(len(request['ids'][0]),
+                                                                 np.int32)}))
     return future
 
   def ping(self):

@@ -19,7 +19,7 @@ from seedacme.actor.env_actor import EnvActor, env_seed, run_actor
 from seedacme.nodes.report_intake import ReportIntake
 from seedacme.run.accounting import ActingLog
 from seedacme.runtime.supervisor import Supervisor
-from seedacme.wire import reports
+from seedacme.wire import courier_guard, reports
 from seedacme.wire.protocol import InvalidRequestError, fields
 
 BASE_SEED = 100
@@ -75,8 +75,8 @@ def central():
   stub = _StubCentral()
   port = portpicker.pick_unused_port()
   server = courier.Server(port=port)
-  server.Bind('step', stub.step)
-  server.Bind('report_acting', stub.report_acting)
+  server.Bind('step', courier_guard.served(stub.step, 'step'))  # seedacme's wire
+  server.Bind('report_acting', courier_guard.served(stub.report_acting, 'report_acting'))
   server.Start()
   stub.address = f'localhost:{port}'
   yield stub
