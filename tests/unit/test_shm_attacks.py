@@ -624,3 +624,240 @@ def test_an_offer_for_a_process_elsewhere_says_why_and_the_actor_stops(serving):
       _step_bounded(path, [0, 1], 1.0, 10, FIRST)
   finally:
     path.close()
+
+
+# ---- a server in a process of its own (an attack that works kills it) -----------------
+
+class _ServerProcess:
+  """`tests.unit.shm_server_process` in a subprocess: offers and stats by JSON line."""
+
+  def __init__(self, *args):
+    self.proc = subprocess.Popen([sys.executable, '-m', 'tests.unit.shm_server_process',
+                                  *map(str, args)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    self.address = self._ask(None, 60)['address']
+    self._threads = self.stats()['threads']
+
+  def _ask(self, command, timeout_s=20.0):
+    if command is not None:
+      self.proc.stdin.write(json.dumps(command) + '\n')
+      self.proc.stdin.flush()
+    ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+    line = self.proc.stdout.readline() if ready else ''
+    assert line, f'the server process is gone (exit status {self.proc.poll()})'
+    return json.loads(line)
+
+  def offer(self, pid):
+    return self._ask({'offer': pid})
+
+  def stats(self):
+    return self._ask({'stats': 1})
+
+  def alive(self):
+    return self.proc.poll() is None
+
+  def settled_fds(self, timeout_s=5.0):
+    """Its open descriptors once no actor is attached and no hello is read (closing a
+    connection on either side is not instant)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+      stats = self.stats()
+      if (stats['attached'] == 0 and stats['threads'] == self._threads) or \
+          time.monotonic() > deadline:
+        return stats['fds']
+      time.sleep(0.05)
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.kill()
+    self.proc.wait(10)
+    self.proc.stdin.close()
+    self.proc.stdout.close()
+
+
+def _served_here(server_process, first=0, num=2, value=1.0):
+  """Attaches this process as an honest actor to `server_process`; one request's reply."""
+  transport = ShmTransport.attach(server_process.offer(os.getpid()), first, num,
+                                  threading.Event(), 'honest actor')
+  try:
+    return transport.step(*_fields(list(range(first, first + num)), value, FIRST),
+                          Mode.TRAIN)
+  finally:
+    transport.close()
+
+
+_SHRINKER = r'''
+import errno, json, os, socket, sys
+offer = json.loads(sys.stdin.readline())
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.settimeout(10)
+conn.connect(offer['address'])
+conn.sendall(json.dumps({'first_env_id': 0, 'num_envs': 2, 'generation': offer['generation'],
+                         'ticket': offer['ticket']}).encode() + b'\n')
+data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
+outcomes = []
+for how in ('grow', 'ftruncate 8', 'reopen and ftruncate 0', 'ftruncate 0'):
+  fd = os.open(f'/proc/self/fd/{fds[0]}', os.O_RDWR) if how.startswith('reopen') else fds[0]
+  try:
+    os.ftruncate(fd, 1 << 30 if how == 'grow' else int(how.split()[-1]))
+    outcomes.append(how + ': done')
+  except OSError as e:
+    outcomes.append(how + ': ' + errno.errorcode[e.errno])
+try:
+  conn.sendall(b'q')  # the server reads its header now
+  outcomes.append('woke: ' + repr(conn.recv(1)))
+except OSError as e:
+  outcomes.append('woke: ' + type(e).__name__)
+print(json.dumps(outcomes), flush=True)
+sys.stdin.readline()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_an_attached_actor_cannot_shrink_its_segment_under_the_server(processes):
+  """It could (issue 47): the memfd was made without MFD_ALLOW_SEALING, and after the
+  actor's `ftruncate(fd, 0)` the server's next header read killed it with SIGBUS."""
+  server = _ServerProcess()
+  try:
+    shrinker = processes(_SHRINKER)
+    shrinker.send(server.offer(shrinker.pid))
+    outcomes = json.loads(shrinker.line())
+    assert outcomes[:4] == ['grow: EPERM', 'ftruncate 8: EPERM',
+                            'reopen and ftruncate 0: EPERM', 'ftruncate 0: EPERM'], outcomes
+    assert server.alive(), outcomes
+    assert outcomes[4] == "woke: b'a'", outcomes  # its request was answered
+    np.testing.assert_array_equal(_served_here(server, 4, 2)['action'], [2, 2])
+  finally:
+    server.close()
+
+
+_SENDS_A_MEMFD = r'''
+import json, os, socket, sys
+offer = json.loads(sys.stdin.readline())
+fd = os.memfd_create('hostile')  # unsealed: it could shrink it under whoever maps it
+os.ftruncate(fd, 1 << 20)
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.settimeout(10)
+conn.connect(offer['address'])
+socket.send_fds(conn, [json.dumps({'first_env_id': 0, 'num_envs': 2,
+                                   'generation': offer['generation'],
+                                   'ticket': offer['ticket']}).encode() + b'\n'], [fd] * 3)
+os.ftruncate(fd, 0)
+data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
+print(json.dumps({'fds': len(fds), 'reply': data.decode()}), flush=True)
+sys.stdin.readline()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_memfd_sent_to_the_server_is_refused_and_closed(processes):
+  server = _ServerProcess()
+  try:
+    _served_here(server)  # the server's own threads and descriptors, settled
+    fds = server.settled_fds()
+    hostile = processes(_SENDS_A_MEMFD)
+    hostile.send(server.offer(hostile.pid))
+    answer = json.loads(hostile.line())
+    assert answer['fds'] == 0 and 'carries file descriptors; none are expected' in \
+        answer['reply'], answer
+    assert server.alive() and server.settled_fds() == fds  # none of its three kept
+    np.testing.assert_array_equal(_served_here(server)['action'], [2, 2])
+  finally:
+    server.close()
+
+
+_HOSTILE_SERVER = r'''
+import json, os, socket, sys
+from seedacme.wire import shm
+how = sys.argv[1]
+layout = shm.Layout(2, (3,), 'float32', 7)
+size = layout.offsets()['size']
+fd = os.memfd_create('hostile', os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, size if how != 'too small' else size // 2)
+if how == 'sealed, too small':
+  pass
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind('\0' + sys.argv[2])
+listener.listen(1)
+print('ready', flush=True)
+conn, _ = listener.accept()
+conn.recv(4096)
+if how == 'too small':
+  import fcntl
+  fcntl.fcntl(fd, fcntl.F_ADD_SEALS, shm.SEALS)
+socket.send_fds(conn, [layout.to_json()], [fd])
+if how == 'unsealed':
+  os.ftruncate(fd, 0)  # what the actor would read past: SIGBUS
+sys.stdin.readline()
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('how,why', [('unsealed', 'not sealed against resizing'),
+                                     ('too small', r'holds \d+ bytes, its layout \d+')])
+def test_an_actor_maps_no_segment_its_sender_could_shrink(processes, how, why):
+  """Whichever side made the memfd, the other checks it: a hostile server's unsealed
+  or short segment is refused before it is mapped, by name."""
+  name = f'seedacme-test-hostile-{os.getpid()}-{os.urandom(4).hex()}'
+  hostile = processes(_HOSTILE_SERVER, how, name)
+  assert hostile.line() == 'ready'
+  offer = {'address': '\0' + name, 'generation': 7, 'ticket': 'x'}
+  with pytest.raises(ConnectionRefusedError, match=why):
+    ShmTransport.attach(offer, 0, 2, threading.Event(), 'actor')
+  assert not [fd for fd in os.listdir('/proc/self/fd')
+              if 'hostile' in os.path.realpath(f'/proc/self/fd/{fd}')]  # closed
+
+
+_VICTIM = r'''
+import json, sys, threading, courier
+from seedacme.actor.transport import ShmTransport
+import os
+client = courier.Client(sys.argv[1])
+offer = client.shm_offer(os.getpid())  # over Courier, as an actor asks
+print('offered', flush=True)
+sys.stdin.readline()  # the evictor has made its calls
+try:
+  t = ShmTransport.attach(offer, 0, 2, threading.Event(), 'victim')
+  print('attached', flush=True)
+  t.close()
+except OSError as e:
+  print('refused:', e, flush=True)
+sys.stdin.readline()
+'''
+
+_EVICTOR = r'''
+import sys, courier
+client = courier.Client(sys.argv[1])
+victim = int(sys.argv[2])
+calls = [client.futures.shm_offer(victim) for _ in range(8)]  # eight for its pid
+for chunk in range(0, 4096, 512):  # and 4,096 for any pids
+  calls += [client.futures.shm_offer(pid) for pid in range(chunk + 1, chunk + 513)]
+  for call in calls:
+    try:
+      call.result(timeout=60)
+    except Exception:
+      pass
+  calls = []
+print('done', flush=True)
+sys.stdin.readline()
+'''
+
+
+@pytest.mark.timeout(180)
+def test_courier_calls_for_other_pids_void_no_ticket(processes):
+  """Any Courier caller could evict another actor's ticket (issue 47): eight offers
+  for the victim's pid, or 4,096 for any, left it refused."""
+  import portpicker  # pylint: disable=g-import-not-at-top
+  port = portpicker.pick_unused_port()
+  server = _ServerProcess(port)
+  try:
+    address = f'localhost:{port}'
+    victim = processes(_VICTIM, address)
+    assert victim.line(60) == 'offered'
+    evictor = processes(_EVICTOR, address, victim.pid)
+    assert evictor.line(120) == 'done'
+    victim.send('go')
+    assert victim.line() == 'attached'
+    assert server.alive()
+  finally:
+    server.close()

@@ -1,0 +1,77 @@
+"""A live same-host server in a process of its own (test support, not a test).
+
+Attacks that could kill the central node (SIGBUS through a shrunk segment, issue 47)
+and the fuzzer (`test_shm_fuzz.py`) must not take pytest down with it when they
+succeed, and must see the server's own RSS and descriptors: so an `InferenceServer` and
+`ShmServer` serve here, in `python -m tests.unit.shm_server_process [courier_port]`,
+and the test drives it with JSON lines on stdin:
+
+* `{"offer": pid}`: the `shm_offer` reply for `pid`;
+* `{"stats": 1}`: `rss_kb`, `fds`, `threads`, `attached`, `served` of this process.
+
+With a port, `shm_offer` is served over Courier too, as the central node serves it.
+The policy: action = round(observation[0]) + 1, observations of 3 float32, 5 actions.
+"""
+
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+
+from seedacme.serving.policy import PolicyStep, StatelessPolicy
+from seedacme.serving.server import InferenceServer
+from seedacme.serving.shm_server import ShmServer
+from seedacme.types import EnvSpec
+
+SPEC = EnvSpec((3,), 'float32', 5)
+NUM_ENVS = 16
+
+
+class _Policy(StatelessPolicy):
+
+  def __init__(self, num_envs):
+    super().__init__(num_envs)
+    self.served = 0
+
+  def act(self, observation, eval_mask, env_ids):
+    self.served += 1
+    return PolicyStep(np.clip(np.rint(np.nan_to_num(observation[:, 0])), -1, 3)
+                      .astype(np.int32) + 1, {}, ())
+
+
+def _stats(shm_server, policy):
+  with open('/proc/self/status') as f:
+    rss = next(int(line.split()[1]) for line in f if line.startswith('VmRSS:'))
+  return {'rss_kb': rss, 'fds': len(os.listdir('/proc/self/fd')),
+          'threads': threading.active_count(), 'attached': shm_server.attached_actors,
+          'served': policy.served}
+
+
+def main(argv):
+  policy = _Policy(NUM_ENVS)
+  server = InferenceServer(policy, SPEC, NUM_ENVS, None, max_batch_envs=1,
+                           batch_timeout_s=0.0)
+  shm_server = ShmServer(server, SPEC, NUM_ENVS)
+  courier_server = None
+  if len(argv) > 1:
+    import courier  # pylint: disable=g-import-not-at-top
+    courier_server = courier.Server('shm', port=int(argv[1]))
+    courier_server.Bind('shm_offer', shm_server.offer)
+    courier_server.Start()
+  print(json.dumps({'address': shm_server.address, 'pid': os.getpid()}), flush=True)
+  for line in sys.stdin:
+    command = json.loads(line)
+    if 'offer' in command:
+      print(json.dumps(shm_server.offer(command['offer'])), flush=True)
+    else:
+      print(json.dumps(_stats(shm_server, policy)), flush=True)
+  if courier_server is not None:
+    courier_server.Stop()
+  shm_server.close()
+  server.close()
+
+
+if __name__ == '__main__':
+  main(sys.argv)
