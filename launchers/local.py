@@ -11,6 +11,7 @@ import argparse
 import datetime
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -90,9 +91,22 @@ class ExposureError(RuntimeError):
   """The program cannot be isolated and the user did not ask to run exposed."""
 
 
+def network_interfaces() -> List[str]:
+  """The network interfaces this process's namespace has besides loopback, as the
+  kernel lists them for it (`if_nameindex`; /sys/class/net shows the namespace sysfs
+  was mounted in: inside `unshare -rn` it still listed eth0 here)."""
+  return sorted(name for _, name in socket.if_nameindex() if name != 'lo')
+
+
 def isolation_problem(command: List[str]) -> str | None:
   """Re-executes `command` in a private user+network namespace with only loopback up
   (`unshare -rn`), unless this process already runs in one (then returns None).
+
+  Whether it does is read from the namespace itself (no interface but `lo`), not from
+  the marker variable alone: with `SEEDACME_PRIVATE_NETNS` set by hand or inherited,
+  the launcher ran on the host network, exposed, and said nothing (issue 47). A set
+  marker with interfaces in sight re-executes (with a warning naming them); after our
+  own re-execution (the marker holds this pid) it is refused, naming them.
 
   Courier and Reverb in this stack listen on every interface (`[::]:port`) with no
   option to bind loopback only. A local program needs nothing but loopback, so the
@@ -100,15 +114,24 @@ def isolation_problem(command: List[str]) -> str | None:
   Returns why it cannot (user namespaces unavailable, `unshare`/`ip` missing); it does
   not return when it could.
   """
-  if os.environ.get(_NETNS_ENV):
-    return None  # already inside
+  marker = os.environ.get(_NETNS_ENV)
+  if marker:
+    exposed = network_interfaces()
+    if not exposed:
+      return None  # already inside
+    if marker == str(os.getpid()):  # re-executed by us (the pid stays), still exposed
+      return (f'the private network namespace still has interfaces '
+              f'{", ".join(exposed)}')
+    print(f'seedacme: {_NETNS_ENV} is set, but this process sees network interfaces '
+          f'{", ".join(exposed)}: re-executing in a private network namespace',
+          file=sys.stderr)
   probe = subprocess.run(['unshare', '-rn', 'ip', 'link', 'set', 'lo', 'up'],
                          capture_output=True, text=True) if shutil.which('unshare') \
       and shutil.which('ip') else None
   if probe is None or probe.returncode != 0:
     return 'unshare/ip missing' if probe is None else \
         (probe.stderr.strip() or f'unshare exited {probe.returncode}')
-  os.environ[_NETNS_ENV] = '1'
+  os.environ[_NETNS_ENV] = str(os.getpid())  # `unshare` and `sh` exec: the pid stays
   sys.stdout.flush()
   sys.stderr.flush()
   os.execvp('unshare', ['unshare', '-rn', '--', 'sh', '-c',
