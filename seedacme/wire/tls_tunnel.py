@@ -29,7 +29,10 @@ replica's host over TLS.
 
 TLS: Python's `ssl` (OpenSSL), TLS 1.3 only, `CERT_REQUIRED` on both sides, the run's
 CA as the only trust root; a client also checks that the server's certificate names
-the address it dialled (IP SAN). Credentials: `ensure_run_ca` makes a CA per run in
+the address it dialled (IP SAN), and the endpoint refuses a peer that connects from an
+address its certificate does not name (a leaf copied elsewhere; `address_problem`), so
+a host dials from its spec address. A refusal is counted (`Counters`, printed by the
+launcher at exit) and logged at most once a minute per peer and port. Credentials: `ensure_run_ca` makes a CA per run in
 `<logdir>/tls` (the first host to start wins an atomic rename; directory 0700, files
 0600) and each host issues its own leaf (`issue_leaf`) for its address; or a user's own
 (`--tls_dir`: `ca.pem` plus this host's `cert.pem` and `key.pem`, or `ca.pem` and
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 CA_CERT, CA_KEY, CERT, KEY = 'ca.pem', 'ca.key', 'cert.pem', 'key.pem'
@@ -315,6 +319,18 @@ class _Keeper:
 # The relay
 
 
+_said: Dict[str, float] = {}
+
+
+def _say(line: str) -> None:
+  """Logs `line` to stderr at most once a minute per peer and port (a scan must not
+  flood the launcher's log; the counters count every refusal)."""
+  key, now = line.split(' at ')[0], time.monotonic()
+  if now - _said.get(key, -60.0) >= 60.0:
+    _said[key] = now
+    print(f'tls_tunnel: {line}', file=sys.stderr, flush=True)
+
+
 class Counters:
   """What the endpoint saw: connections to its TLS ports, handshakes refused and
   completed, and bytes forwarded after a handshake."""
@@ -363,7 +379,27 @@ async def _handshake(reader, writer, ctx: ssl.SSLContext):
   protocol = writer.transport.get_protocol()
   tls = await loop.start_tls(writer.transport, protocol, ctx, server_side=True,
                              ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+  protocol._over_ssl = True  # pylint: disable=protected-access  (set at connection_made)
   return reader, asyncio.StreamWriter(tls, protocol, reader, loop)
+
+
+def _sans(cert: Dict) -> List[str]:
+  return [value for kind, value in cert.get('subjectAltName', ()) if kind == 'IP Address']
+
+
+def address_problem(peer: str, cert: Dict) -> str | None:
+  """Why a peer of the run is refused anyway: it connects from an address its
+  certificate does not name (a leaf copied to another machine). None: it names it.
+  Certificates naming no IP (DNS names: `--tls_dir`'s own) are not checked."""
+  sans = _sans(cert)
+  if not sans:
+    return None
+  source = ipaddress.ip_address(peer.split('%')[0])
+  if source.version == 6 and source.ipv4_mapped is not None:
+    source = source.ipv4_mapped
+  if any(ipaddress.ip_address(s.strip()) == source for s in sans):
+    return None
+  return f'connects from {source}, its certificate names {", ".join(sans)}'
 
 
 async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
@@ -374,10 +410,15 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
   def inbound(port):
     async def handle(reader, writer):
       counters.connections += 1
+      peer = (writer.get_extra_info('peername') or ('?',))[0]
       try:  # nothing is read from the peer but its handshake, and nothing forwarded
         here = await _handshake(reader, writer, server_ctx)
-      except (ssl.SSLError, OSError, asyncio.TimeoutError, ConnectionError):
+        problem = address_problem(peer, here[1].get_extra_info('peercert') or {})
+      except (ssl.SSLError, OSError, asyncio.TimeoutError, ConnectionError) as e:
+        problem = f'{type(e).__name__}: {e}'
+      if problem:
         counters.refused += 1
+        _say(f'refused {peer} on port {port} at the handshake ({problem})')
         writer.transport.abort()
         return
       counters.accepted += 1
@@ -395,6 +436,7 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
       try:
         there = await asyncio.wait_for(asyncio.open_connection(
             host, port, ssl=client_ctx, server_hostname=host,
+            local_addr=(plan_.address, 0),  # the address its certificate names
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S), HANDSHAKE_TIMEOUT_S + 5)
       except (OSError, asyncio.TimeoutError, ssl.SSLError):
         writer.close()

@@ -4,8 +4,9 @@ Two "hosts" inside a namespace this test makes (`unshare -rn`: 127.0.0.2 and 127
 on its loopback, nothing else reachable): host A runs a backend in its private
 namespace that counts every connection and byte it gets; host B's replica dials A's
 port through B's alias. The run's certificates carry bytes both ways; a peer with no
-certificate, a self-signed one, one from another run's CA, or a plain Courier-style
-payload is refused at the handshake, and the backend sees no connection and no byte.
+certificate, a self-signed one, one from another run's CA, a plain Courier-style
+payload, or B's own certificate used from another address (127.0.0.9: a copied leaf)
+is refused at the handshake, and the backend sees no connection and no byte.
 """
 
 import json
@@ -65,8 +66,9 @@ _SCENARIO = textwrap.dedent('''
     result['through'] = got.stdout.strip()
     result['backend_after_run_peer'] = backend_log().count('connection')
 
-    def attempt(ctx, payload=b'x'):
-      s = socket.create_connection(('127.0.0.2', 7001), timeout=5)
+    def attempt(ctx, payload=b'x', source='127.0.0.9'):
+      s = socket.create_connection(('127.0.0.2', 7001), timeout=5,
+                                   source_address=(source, 0))
       try:
         if ctx is not None:
           s = ctx.wrap_socket(s, server_hostname='127.0.0.2')
@@ -97,6 +99,8 @@ _SCENARIO = textwrap.dedent('''
         'TLS without a certificate': attempt(client_ctx()),
         'TLS with a self-signed certificate': attempt(client_ctx(selfsigned)),
         "TLS with another run's certificate": attempt(client_ctx(foreign)),
+        "the run's certificate of B, from another address": attempt(
+            client_ctx(creds['127.0.0.3'][1:])),
     }
     time.sleep(1)
     result['backend_after_intruders'] = backend_log().count('connection')
@@ -137,7 +141,7 @@ def test_only_a_peer_with_the_runs_certificate_gets_a_byte_to_the_backend(tmp_pa
   assert result['backend_after_intruders'] == 1
   assert result['backend_bytes'] == len('hello')
   counters = result['counters_a']
-  assert counters['refused'] == 4 and counters['accepted'] == 1, counters
+  assert counters['refused'] == 5 and counters['accepted'] == 1, counters
 
 
 def test_the_plan_rewrites_the_spec_to_loopback_and_aliases():
