@@ -118,7 +118,68 @@ class Cluster:
         (r for r in self.records()[start:] if predicate(r)), None), timeout)
 
 
-ADDRESSES = {'a': '10.77.0.2', 'b': '10.77.0.3', 'c': '10.77.0.4'}  # EmulatedHosts(['a', 'b', 'c'])
+ADDRESSES = {'a': '10.77.0.2', 'b': '10.77.0.3', 'c': '10.77.0.4', 'x': '10.77.0.5'}  # EmulatedHosts(['a', 'b', 'c', 'x'])
+
+# Host X is on the run's bridge but not in the run: it calls every port of every run
+# host as Courier (a `step` whose argument rebuilds as `os.mkdir(marker)`) and as TLS
+# with a certificate of its own CA. Each outcome is written as JSON.
+_INTRUDER = """
+import json, os, socket, ssl, sys, tempfile
+from courier.python import client as courier_client
+from seedacme.wire import tls_tunnel as tt
+addresses, marker, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+class Payload:
+  def __reduce__(self):
+    return (os.mkdir, (marker,))
+
+own = tempfile.mkdtemp()
+tt.make_ca(own, 'intruder')
+cert = tt.issue_leaf(own, '10.77.0.5', own, 'intruder')
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+ctx.load_cert_chain(*cert)
+outcomes = {}
+for address in addresses:
+  host, port = address.rsplit(':', 1)
+  try:
+    courier_client.Client(address, call_timeout=5).step(Payload())
+    courier = 'answered'
+  except Exception as e:  # pylint: disable=broad-except
+    courier = type(e).__name__
+  try:
+    s = ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=5))
+    s.sendall(b'PRI * HTTP/2.0')
+    data = s.recv(100)  # TLS 1.3: the server checks the client's certificate after
+    tls = 'answered: ' + repr(data) if data else 'closed'  # the client's handshake ends
+  except (ssl.SSLError, OSError) as e:
+    tls = type(e).__name__
+  outcomes[address] = {'courier': courier, 'tls': tls}
+with open(out, 'w') as f:
+  json.dump(outcomes, f)
+"""
+
+
+def _intrude(hosts, spec: Dict[str, List[str]], work: str) -> Dict:
+  """Runs the intruder on X against every address of the spec; its outcomes."""
+  script, out = os.path.join(work, 'intruder.py'), os.path.join(work, 'intruder.json')
+  with open(script, 'w') as f:
+    f.write(_INTRUDER)
+  addresses = sorted({a for pool in spec.values() for a in pool})
+  handle = hosts.run('x', [sys.executable, script, json.dumps(addresses),
+                           os.path.join(work, 'intruder-ran'), out],
+                     log=os.path.join(work, 'intruder.txt'), cwd=work)
+  assert hosts.wait(handle, 120) == 0, open(os.path.join(work, 'intruder.txt')).read()[-3000:]
+  with open(out) as f:
+    return json.load(f)
+
+
+def _listening(hosts, host: str, work: str) -> List[str]:
+  """The TCP addresses listening in `host`'s own network namespace (`ss`)."""
+  log = os.path.join(work, f'ss-{host}.txt')
+  assert hosts.wait(hosts.run(host, ['ss', '-Hltn'], log=log), 20) == 0
+  with open(log) as f:
+    return sorted(line.split()[3] for line in f if line.strip())
 
 
 @pytest.mark.timeout(900)
@@ -130,7 +191,9 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   launcher run again. (c) C's launcher run again: it rejoins, and the run reaches its
   target. The target is the evaluator's, on C, so the run cannot end before C is back,
   that is before every fault was shown (with the evaluator on B, Catch reached it
-  while C was still away)."""
+  while C was still away). (f) Host X, on the same bridge but not in the run, calls
+  every port of every run host while the run trains: refused at the handshake, its
+  payload never runs, and each run host listens on nothing but its TLS endpoint."""
   _need_hosts_and_xmanager()
   a, b, c = ADDRESSES['a'], ADDRESSES['b'], ADDRESSES['c']
   spec = {'replay': [f'{a}:7000'], 'learner': [f'{a}:7001'],
@@ -141,7 +204,7 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   timings = {}
   started = time.monotonic()
   try:
-    with EmulatedHosts(['a', 'b', 'c'], agent_log=os.path.join(work, 'agent.log')) as hosts:
+    with EmulatedHosts(['a', 'b', 'c', 'x'], agent_log=os.path.join(work, 'agent.log')) as hosts:
       cluster = Cluster(hosts, work, tmp, spec, [
           'catch', 'vtrace', '3', '8', '--max_seconds', '600', '--target_return', '0.9',
           '--target_on', 'eval', '--progress_interval_s', '3',
@@ -162,6 +225,20 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
         log = cluster.log_with(host, replica, '(courier)', 10)  # its first answer
         assert 'shared memory offered but not attached' in log, log[-2000:]
         assert 'requests through shared memory' not in log
+
+      # (f) An intruder on the bridge: every port of every run host refuses it at the
+      # handshake; nothing it sent was parsed (its payload would have made `marker`).
+      # Each host listens only on its spec address, at its replicas' ports.
+      for host, ports in (('a', (7000, 7001, 7100)), ('b', (7100,)), ('c', (7100, 7101))):
+        assert _listening(hosts, host, work) == sorted(
+            f'{ADDRESSES[host]}:{p}' for p in ports), host
+      outcomes = _intrude(hosts, spec, work)
+      timings['intruder'] = time.monotonic() - started
+      assert len(outcomes) == 6, outcomes
+      for address, outcome in outcomes.items():
+        assert outcome['courier'] != 'answered', (address, outcome)
+        assert not outcome['tls'].startswith('answered'), (address, outcome)
+      assert not os.path.exists(os.path.join(work, 'intruder-ran'))
 
       # (c) A lost host: everything on C killed. The run goes on without it, and the
       # records say two of three actors serve, and no evaluator.
@@ -243,6 +320,11 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   assert summary['actors'] == 3 and summary['actor_restarts'] == 0
   assert summary['resumed_from_learner_step'] is not None, resumed
   assert not leftovers, leftovers
+  # B's launcher ran the whole test: its endpoint refused X's handshakes (one Courier
+  # channel's tries and one TLS try), and let the run's own in.
+  with open(cluster.launcher_log('b')) as f:
+    endpoint = json.loads(f.read().split('TLS endpoint ')[1].split('\n')[0].replace("'", '"'))
+  assert endpoint['refused'] >= 2 and endpoint['accepted'] >= 1, endpoint
 
 
 # ~3 min alone (177 s at load 2-5): with the Catch program (~2.5 min) the two exceed the
