@@ -1,0 +1,197 @@
+"""The Slurm launcher's pure parts: flags, the batch script, the cluster spec from an
+allocation, ports, seeds and a sweep's aggregation (no Slurm needed)."""
+
+import json
+import os
+
+import pytest
+
+from seedacme.launchers import slurm
+
+
+def test_seeds_ranges_lists_and_refusals():
+  assert slurm.parse_seeds('0-4') == [0, 1, 2, 3, 4]
+  assert slurm.parse_seeds('7,0,3') == [0, 3, 7]
+  assert slurm.parse_seeds('1-3,9,2') == [1, 2, 3, 9]
+  for bad in ('4-1', 'a', '1-', '1,,2'):
+    with pytest.raises(ValueError):
+      slurm.parse_seeds(bad)
+
+
+def test_tasks_per_node_and_block_distribution():
+  assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
+  assert slurm.tasks_per_node('1') == [1]
+  assert slurm.task_hosts(['a', 'b'], slurm.tasks_per_node('2,1')) == ['a', 'a', 'b']
+  with pytest.raises(ValueError):
+    slurm.task_hosts(['a'], [1, 1])
+
+
+def test_replicas_spread_round_robin_with_the_evaluator_last():
+  counts = slurm.replica_counts(num_actors=5, num_eval_envs=4)
+  assert counts == {'replay': 1, 'learner': 1, 'actor': 5, 'evaluator': 1}
+  assignment = slurm.assign_replicas(counts, actor_tasks=2)
+  assert assignment[0] == [['replay/0', 'learner/0']]
+  assert assignment[1] == [['actor/0', 'actor/2', 'actor/4'],
+                           ['actor/1', 'actor/3', 'evaluator/0']]
+  assert 'evaluator' not in slurm.replica_counts(2, 0)
+
+
+def test_spec_from_an_allocation_environment():
+  """The batch step's environment (a het job's nodelists and tasks per node) and
+  scontrol's answers -> every replica at its task's node address and its own port."""
+  environ = {'SLURM_JOB_NODELIST_HET_GROUP_0': 'gpu7',
+             'SLURM_TASKS_PER_NODE_HET_GROUP_0': '1',
+             'SLURM_JOB_NODELIST_HET_GROUP_1': 'cpu[3-4]',
+             'SLURM_TASKS_PER_NODE_HET_GROUP_1': '2(x2)'}
+  expand = {'gpu7': ['gpu7'], 'cpu[3-4]': ['cpu3', 'cpu4']}
+  addresses = {'gpu7': '10.1.0.7', 'cpu3': '10.1.1.3', 'cpu4': '10.1.1.4'}
+  hosts = slurm.allocation_hosts(environ, hostnames=expand.__getitem__,
+                                 addresses=lambda names: [addresses[n] for n in names])
+  assert hosts == [['10.1.0.7'], ['10.1.1.3', '10.1.1.3', '10.1.1.4', '10.1.1.4']]
+  counts = slurm.replica_counts(4, 1)
+  ports = slurm.job_ports(1234, sum(counts.values()))
+  spec = slurm.derive_spec(counts, slurm.assign_replicas(counts, 4), hosts, ports)
+  assert spec == {
+      'replay': [f'10.1.0.7:{ports[0]}'], 'learner': [f'10.1.0.7:{ports[1]}'],
+      'actor': [f'10.1.1.3:{ports[2]}', f'10.1.1.3:{ports[3]}', f'10.1.1.4:{ports[4]}',
+                f'10.1.1.4:{ports[5]}'],
+      'evaluator': [f'10.1.1.4:{ports[6]}']}
+  with pytest.raises(ValueError, match='not in a heterogeneous'):
+    slurm.allocation_hosts({}, hostnames=expand.__getitem__, addresses=list)
+  with pytest.raises(ValueError, match='3 tasks planned, 4 allocated'):
+    slurm.derive_spec(counts, slurm.assign_replicas(counts, 3), hosts, ports)
+
+
+def test_node_address_from_scontrol():
+  line = ('NodeName=n2 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=127.0.0.1 '
+          'NodeHostName=localhost Version=22.05.8')
+  assert slurm.node_address(line) == '127.0.0.1'
+  assert slurm.node_address('NodeName=n2 State=DOWN') is None
+
+
+def test_job_ports_are_a_block_per_job_within_the_range():
+  a = slurm.job_ports(7, 5, (20000, 20100))
+  assert a == list(range(20035, 20040))
+  assert slurm.job_ports(8, 5, (20000, 20100))[0] == 20040  # the next job, the next block
+  assert slurm.job_ports(27, 5, (20000, 20100)) == a  # 20 blocks: ids 20 apart share
+  assert all(20000 <= p < 20100 for j in range(100) for p in slurm.job_ports(j, 7, (20000, 20100)))
+  with pytest.raises(ValueError):
+    slurm.job_ports(1, 50, (20000, 20010))
+  with pytest.raises(ValueError):
+    slurm.parse_range('30000-20000')
+
+
+def test_busy_ports_named():
+  import socket
+  with socket.socket() as s:
+    s.bind(('', 0))
+    s.listen()
+    port = s.getsockname()[1]
+    assert slurm.busy_ports([port]) == [port]
+  assert slurm.busy_ports([port]) == []
+
+
+def test_batch_script_has_two_components_and_forwards_the_program_flags(capsys):
+  assert slurm.main(['catch', 'vtrace', '3', '8', '--logdir', '/shared/runs/c',
+                     '--max_seconds', '60', '--gres', 'gpu:1', '--actor_nodes', '2',
+                     '--partition', 'lab', '--time', '1:00:00', '--requeue',
+                     '--sbatch_arg=--mem=4G', '--dry_run']) == 0
+  script = capsys.readouterr().out
+  head, tail = script.split('#SBATCH hetjob\n')
+  assert '#SBATCH --gres=gpu:1' in head and '#SBATCH --gres' not in tail
+  assert '#SBATCH --requeue' in head and '#SBATCH --output=/shared/runs/c/slurm/slurm-%j.out' in head
+  for part in (head, tail):  # each component takes these afresh
+    for line in ('--partition=lab', '--time=1:00:00', '--mem=4G'):
+      assert f'#SBATCH {line}' in part
+  assert '#SBATCH --nodes=2' in tail and '#SBATCH --ntasks=2' in tail
+  run = [line for line in script.splitlines() if line.startswith('exec ')][0]
+  assert 'seedacme.launchers.slurm batch --logdir /shared/runs/c --seed 0' in run
+  assert run.endswith('-- catch vtrace 3 8 --max_seconds 60')
+  assert 'nothing submitted' in script
+
+
+def test_a_sweep_is_one_job_per_seed_in_its_own_logdir(capsys):
+  assert slurm.main(['catch', 'vtrace', '2', '--logdir', '/shared/sweep', '--seeds', '0-2',
+                     '--dry_run']) == 0
+  out = capsys.readouterr().out
+  assert out.count('#!/bin/bash') == 3
+  for seed in range(3):
+    assert f'--logdir /shared/sweep/seed_{seed} --seed {seed}' in out
+    assert f'--job-name=seedacme-catch-vtrace-seed{seed}' in out
+
+
+@pytest.mark.parametrize('flags, error', [
+    (['--logdir', 'runs/c'], 'must be absolute'),
+    ([], '--logdir is required'),
+    (['--logdir', '/x', '--cluster_spec', '{}'], 'set by the Slurm launcher'),
+    (['--logdir', '/x', '--seeds', '3-1'], 'runs backwards'),
+    (['--logdir', '/x', '--actor_nodes', '2', '--actor_tasks', '1'], '--actor_nodes'),
+])
+def test_refused_flags_name_the_problem(flags, error, capsys):
+  with pytest.raises(SystemExit) as e:
+    slurm.main(['catch', 'vtrace', '2', *flags, '--dry_run'])
+  assert e.value.code == 2
+  assert error in capsys.readouterr().err
+
+
+def test_a_bucket_logdir_is_accepted(capsys):
+  assert slurm.main(['catch', 'vtrace', '2', '--logdir', 'gs://b/run', '--dry_run']) == 0
+  assert '--logdir gs://b/run' in capsys.readouterr().out
+
+
+def test_summary_marked_only_when_a_stop_was_requested():
+  summary = {'stopped_because': 'stop requested', 'stop': {'kind': 'stop_requested'}}
+  marked = slurm.mark_summary(summary, '42', '1')
+  assert 'Slurm' in marked['stopped_because'] and 'job 42' in marked['stopped_because']
+  assert marked['stop']['kind'] == 'stop_requested'
+  assert marked['scheduler'] == {'name': 'slurm', 'job_id': '42', 'restart_count': 1}
+  budget = {'stopped_because': 'reached 100 env steps', 'stop': {'kind': 'env_steps'}}
+  assert slurm.mark_summary(budget, '42', '0') is budget
+
+
+def _records(points, metric='eval_average_return'):
+  return [{'env_steps': s, 'elapsed_s': i, 'episodes': 1000, metric: r}
+          for i, (s, r) in enumerate(points)]
+
+
+def test_value_at_is_the_last_record_by_then():
+  curve = [(100, 0.1), (200, 0.5), (300, 0.9)]
+  assert slurm.value_at(curve, 50) is None
+  assert slurm.value_at(curve, 250) == 0.5
+  assert slurm.value_at(curve, 300) == 0.9
+
+
+def test_aggregate_median_and_range_at_fixed_env_steps():
+  curves = {
+      0: [(1000, 0.0), (2000, 0.4), (3000, 0.8)],
+      1: [(1000, 0.2), (2000, 0.6), (3000, 1.0), (4000, 1.0)],
+      2: [(1500, -0.2), (3100, 0.5)],
+  }
+  result = slurm.aggregate(curves, every=1000)
+  assert result['env_steps_every_seed_reached'] == 3000
+  rows = {r['env_steps']: r for r in result['points']}
+  assert sorted(rows) == [1000, 2000, 3000]
+  assert rows[1000]['seeds'] == 2 and rows[1000]['median'] == pytest.approx(0.1)
+  assert rows[2000]['median'] == pytest.approx(0.4)  # of 0.4, 0.6, -0.2
+  assert (rows[2000]['min'], rows[2000]['max']) == (-0.2, 0.6)
+  assert rows[3000]['per_seed'] == {'0': 0.8, '1': 1.0, '2': -0.2}
+  assert result['final'] == {'0': 0.8, '1': 1.0, '2': 0.5}
+  evenly = slurm.aggregate(curves, points=3)
+  assert [r['env_steps'] for r in evenly['points']] == [1000, 2000, 3000]
+
+
+def test_aggregate_command_reads_seed_logdirs_and_writes_table_json_png(tmp_path, capsys):
+  for seed, points in ((0, [(1000, 0.1), (2000, 0.5)]), (1, [(1000, 0.3), (2000, 0.9)])):
+    d = tmp_path / f'seed_{seed}'
+    d.mkdir()
+    with open(d / 'progress.jsonl', 'w') as f:
+      for r in _records(points):
+        f.write(json.dumps(r) + '\n')
+  (tmp_path / 'not_a_seed').mkdir()
+  assert slurm.main(['aggregate', str(tmp_path), '--every', '1000']) == 0
+  out = capsys.readouterr().out
+  assert 'median' in out and '0.700' in out  # median of 0.5 and 0.9 at 2000
+  result = json.loads((tmp_path / 'aggregate.json').read_text())
+  assert result['seeds'] == [0, 1] and result['metric'] == 'eval_average_return'
+  assert os.path.getsize(tmp_path / 'aggregate.png') > 1000
+  assert slurm.main(['aggregate', str(tmp_path / 'not_a_seed')]) == 1
