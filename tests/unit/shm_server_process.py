@@ -10,13 +10,17 @@ and the test drives it with JSON lines on stdin:
 * `{"stats": 1}`: `rss_kb`, `fds`, `threads`, `attached`, `served` of this process.
 
 With a port, `shm_offer` is served over Courier too, as the central node serves it.
+`ServerProcess` starts and drives it from a test.
 The policy: action = round(observation[0]) + 1, observations of 3 float32, 5 actions.
 """
 
 import json
 import os
+import select
+import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -47,6 +51,53 @@ def _stats(shm_server, policy):
   return {'rss_kb': rss, 'fds': len(os.listdir('/proc/self/fd')),
           'threads': threading.active_count(), 'attached': shm_server.attached_actors,
           'served': policy.served}
+
+
+class ServerProcess:
+  """This module in a subprocess, driven from a test: offers and stats by JSON line."""
+
+  def __init__(self, *args):
+    self.proc = subprocess.Popen([sys.executable, '-m', 'tests.unit.shm_server_process',
+                                  *map(str, args)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    self.address = self._ask(None, 60)['address']
+    self._threads = self.stats()['threads']
+
+  def _ask(self, command, timeout_s=20.0):
+    if command is not None:
+      self.proc.stdin.write(json.dumps(command) + '\n')
+      self.proc.stdin.flush()
+    ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+    line = self.proc.stdout.readline() if ready else ''
+    assert line, f'the server process is gone (exit status {self.proc.poll()})'
+    return json.loads(line)
+
+  def offer(self, pid):
+    return self._ask({'offer': pid})
+
+  def stats(self):
+    return self._ask({'stats': 1})
+
+  def alive(self):
+    return self.proc.poll() is None
+
+  def settled_fds(self, timeout_s=5.0):
+    """Its open descriptors once no actor is attached and no hello is read (closing a
+    connection on either side is not instant)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+      stats = self.stats()
+      if (stats['attached'] == 0 and stats['threads'] == self._threads) or \
+          time.monotonic() > deadline:
+        return stats['fds']
+      time.sleep(0.05)
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.kill()
+    self.proc.wait(10)
+    self.proc.stdin.close()
+    self.proc.stdout.close()
 
 
 def main(argv):

@@ -30,6 +30,7 @@ from seedacme.serving.server import InferenceServer
 from seedacme.serving.shm_server import ShmServer
 from seedacme.types import FIRST, MID, EnvSpec, InvalidActionError, Mode
 from tests.unit.central_stand_ins import InProcessClient
+from tests.unit.shm_server_process import ServerProcess
 
 SPEC = EnvSpec((3,), 'float32', 5)
 NUM_ENVS = 8
@@ -628,53 +629,6 @@ def test_an_offer_for_a_process_elsewhere_says_why_and_the_actor_stops(serving):
 
 # ---- a server in a process of its own (an attack that works kills it) -----------------
 
-class _ServerProcess:
-  """`tests.unit.shm_server_process` in a subprocess: offers and stats by JSON line."""
-
-  def __init__(self, *args):
-    self.proc = subprocess.Popen([sys.executable, '-m', 'tests.unit.shm_server_process',
-                                  *map(str, args)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-    self.address = self._ask(None, 60)['address']
-    self._threads = self.stats()['threads']
-
-  def _ask(self, command, timeout_s=20.0):
-    if command is not None:
-      self.proc.stdin.write(json.dumps(command) + '\n')
-      self.proc.stdin.flush()
-    ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-    line = self.proc.stdout.readline() if ready else ''
-    assert line, f'the server process is gone (exit status {self.proc.poll()})'
-    return json.loads(line)
-
-  def offer(self, pid):
-    return self._ask({'offer': pid})
-
-  def stats(self):
-    return self._ask({'stats': 1})
-
-  def alive(self):
-    return self.proc.poll() is None
-
-  def settled_fds(self, timeout_s=5.0):
-    """Its open descriptors once no actor is attached and no hello is read (closing a
-    connection on either side is not instant)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-      stats = self.stats()
-      if (stats['attached'] == 0 and stats['threads'] == self._threads) or \
-          time.monotonic() > deadline:
-        return stats['fds']
-      time.sleep(0.05)
-
-  def close(self):
-    if self.proc.poll() is None:
-      self.proc.kill()
-    self.proc.wait(10)
-    self.proc.stdin.close()
-    self.proc.stdout.close()
-
-
 def _served_here(server_process, first=0, num=2, value=1.0):
   """Attaches this process as an honest actor to `server_process`; one request's reply."""
   transport = ShmTransport.attach(server_process.offer(os.getpid()), first, num,
@@ -717,7 +671,7 @@ sys.stdin.readline()
 def test_an_attached_actor_cannot_shrink_its_segment_under_the_server(processes):
   """It could (issue 47): the memfd was made without MFD_ALLOW_SEALING, and after the
   actor's `ftruncate(fd, 0)` the server's next header read killed it with SIGBUS."""
-  server = _ServerProcess()
+  server = ServerProcess()
   try:
     shrinker = processes(_SHRINKER)
     shrinker.send(server.offer(shrinker.pid))
@@ -751,7 +705,7 @@ sys.stdin.readline()
 
 @pytest.mark.timeout(90)
 def test_a_memfd_sent_to_the_server_is_refused_and_closed(processes):
-  server = _ServerProcess()
+  server = ServerProcess()
   try:
     _served_here(server)  # the server's own threads and descriptors, settled
     fds = server.settled_fds()
@@ -774,8 +728,6 @@ layout = shm.Layout(2, (3,), 'float32', 7)
 size = layout.offsets()['size']
 fd = os.memfd_create('hostile', os.MFD_ALLOW_SEALING)
 os.ftruncate(fd, size if how != 'too small' else size // 2)
-if how == 'sealed, too small':
-  pass
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 listener.bind('\0' + sys.argv[2])
 listener.listen(1)
@@ -849,7 +801,7 @@ def test_courier_calls_for_other_pids_void_no_ticket(processes):
   for the victim's pid, or 4,096 for any, left it refused."""
   import portpicker  # pylint: disable=g-import-not-at-top
   port = portpicker.pick_unused_port()
-  server = _ServerProcess(port)
+  server = ServerProcess(port)
   try:
     address = f'localhost:{port}'
     victim = processes(_VICTIM, address)
