@@ -1,40 +1,54 @@
-"""Courier rebuilds only an allow-list of types: a caller's payload cannot run code.
+"""Courier rebuilds one name in a seedacme process: a peer's payload cannot run code,
+and no message can make the deserializer fail.
 
 Courier 0.5 turns a value it does not know natively (anything but None, bools, numbers,
-strings, bytes, lists, tuples, dicts and arrays it sends as tensors) into a "reduced
-object": the module and name of a callable plus its arguments, i.e. `__reduce__`. The
-receiving side (`courier/serialization/py_serialize.cc`, `ImportClass` then
-`PyObject_CallObject`) imports that module, takes that attribute and calls it, before
-any handler of ours runs. A payload naming `os.mkdir` created a directory on the
-serving node; on an actor, a reply does the same (anyone who takes a restarting central
-node's port answers the actors).
+strings, bytes, lists, tuples and dicts) into a "reduced object": the module and name
+of a callable plus its arguments, i.e. `__reduce__`. The receiving side
+(`courier/serialization/py_serialize.cc`, `ImportClass` then `PyObject_CallObject`)
+imports that module, takes that attribute and calls it, before any handler of ours
+runs, and does not check the call's result: a payload naming `os.mkdir` created a
+directory on the serving node, and any constructor given bad arguments (`complex('x')`)
+ended the process with SIGSEGV. numpy's own pickle names are no safer: `dtype`'s
+`__setstate__` takes forged flags, and with `_reconstruct` an object array was filled
+from a caller's bytes (issue 47). So names cannot be made safe one by one: between
+hosts nothing of a peer reaches Courier before mutual TLS (`seedacme.wire.tls_tunnel`),
+and inside, this guard leaves Courier nothing to rebuild.
 
-The narrowest place to stop it in this stack is the import itself. `ImportClass` calls
-`PyImport_ImportModule`, which calls `builtins.__import__(name, g, g, [], 0)` (CPython's
-`PyImport_Import`: an empty *list* as `fromlist`, the same dict as globals and locals;
-no Python import statement calls it so) and then reads one attribute of
-`sys.modules[name]`. `install()` wraps `builtins.__import__`; for such a call made where
-Courier makes it (no Python frame on the thread: a Courier server thread or a client's
-completion callback; or the frame of Courier's own `client.py`: a client's synchronous
-call), it does not import a module that no allowed name lives in, and puts a one-shot
-gate in `sys.modules[name]` for the attribute read that follows: an allowed `(module,
-name)` passes; anything else gets an inert stand-in, which Courier calls and rebuilds
-as a `RefusedPayload`. Raising there instead would reach the caller as Courier's
-anonymous "ToUtilStatus failure." and leave the Python error set on the handler thread;
-with the stand-in the message completes, and the central node's methods
-(`seedacme.nodes.service`) and actors' replies (`seedacme.actor.transport`) are checked
-with `check`, which raises `RefusedPayloadError` naming what was sent. Nothing named is
-called, the node keeps serving, and a refused name is logged once per process.
+* **seedacme's wire has no reduced objects.** `plain` turns what seedacme sends into
+  Courier's native types: an array of numbers or bools as `(_ARRAY_TAG, dtype, shape,
+  bytes)`, other arrays and sets as lists, numpy scalars as Python numbers; `accept`
+  on the other side turns the arrays back (a numeric dtype from a fixed table, a shape
+  whose bytes match) and refuses anything else by name. Recorded before this change
+  (a probe server logging every name Courier imported): seedacme's traffic made Courier
+  rebuild numpy's `_reconstruct`, `ndarray`, `dtype` and `scalar` (Courier pickles
+  arrays; it does not send them as tensors) and nothing else; with `plain`, nothing.
+* **One name passes, wrapped.** Courier's server formats a handler's exception with
+  `traceback.format_exception`, which it imports the same way; that is the allow-list
+  (`ALLOWED`). It is handed over as a function that cannot fail (an exception gives the
+  inert stand-in) and whose result takes Courier's rebuilding steps (`__setstate__`,
+  `extend`, item assignment) as no-ops.
+* **Everything else gets a stand-in.** `install()` wraps `builtins.__import__`. The call
+  Courier's deserializer makes (`PyImport_Import`: an empty *list* as `fromlist`, the
+  same dict as globals and locals; no Python import statement calls it so) from where
+  Courier makes it (no Python frame on the thread: a server thread or a client's
+  completion callback; or Courier's own `client.py`) imports no module that no allowed
+  name lives in, and puts a one-shot gate in `sys.modules[name]` for the attribute read
+  that follows -- for any entry there, module or not (Python 3.10 keeps classes in
+  `sys.modules`: `typing.io`; issue 47 reached `exec` through one). A name not allowed
+  gets an inert stand-in that Courier calls and rebuilds as a `RefusedPayload`; a gate
+  another thread catches in its window answers a Python import statement there with the
+  real attribute and Courier's deserializer with the allow-list. Raising in the import
+  instead would reach the caller as Courier's anonymous "ToUtilStatus failure." and
+  leave the Python error set on the handler thread; with the stand-in the message
+  completes and `accept`/`check` raise `RefusedPayloadError` naming what was sent.
 
-Allowed: what seedacme's own traffic needs and nothing that acts on the world: numpy
-arrays and scalars as numpy pickles them (`_reconstruct`, `ndarray`, `dtype`,
-`scalar`), `set`, `frozenset`, `complex`, and `copyreg`'s two constructors (they build
-an instance of a class that is itself checked here). seedacme's wire sends only
-dicts, arrays and strings (`seedacme.wire.protocol`, `seedacme.wire.reports`).
-
-Cost: an `import` statement anywhere in the process goes through one Python call
-(+0.16 us: 0.44 -> 0.60 us for `import os`, timeit); Courier's import happens once per
-type per process (it caches the result); `check` of a request 3-4 us.
+The central node's methods (`seedacme.nodes.service`, or `served` for any handler) and
+actors' replies (`seedacme.actor.transport`) go through `accept`/`plain`. A plain
+Courier client (without `plain`) that sends a numpy array gets an error: its array is
+a reduced object now. Cost (timeit, K=16 Catch request, load ~9 on 2 cores): `plain`
+~30 us, `accept` ~33 us (a first `accept`, a check walk then a decode walk with
+`np.prod` per array, took 181 us); an `import` statement anywhere in the process goes
+through one Python call (+0.16 us, timeit).
 """
 
 import builtins
@@ -186,8 +200,10 @@ def _array(value: tuple) -> np.ndarray | str:
   if (dtype is None or type(shape) is not tuple or type(data) is not bytes
       or not all(type(n) is int and 0 <= n for n in shape)):
     return f'an array of dtype {value[1]!r:.40}' if dtype is None else 'a malformed array'
-  size = int(np.prod(shape, dtype=np.float64)) if shape else 1
-  if size * dtype.itemsize > _MAX_ARRAY_BYTES or len(data) != size * dtype.itemsize:
+  size = dtype.itemsize
+  for n in shape:
+    size *= n
+  if size > _MAX_ARRAY_BYTES or len(data) != size:
     return 'an array whose bytes do not match its shape'
   return np.frombuffer(bytearray(data), dtype).reshape(shape)
 
@@ -245,25 +261,41 @@ def find_refused(value, depth: int = 0) -> str | None:
   return None
 
 
-def _unwrap(value):
+class _Refused(Exception):
+  pass
+
+
+def _decode(value, depth: int = 0):
+  """`value` with `plain`'s arrays as ndarrays; raises `_Refused(what)` for anything
+  `find_refused` would name (one walk: `accept` is on every request's path)."""
   kind = type(value)
   if kind in _PLAIN:
     return value
   if kind is dict:
-    return {_unwrap(k): _unwrap(v) for k, v in value.items()}
-  if kind is tuple and value and value[0] == _ARRAY_TAG:
-    return _array(value)
-  if kind is list or kind is _Lines:
-    return [_unwrap(v) for v in value]
-  if kind is tuple:
-    return tuple(_unwrap(v) for v in value)
-  return value
+    if depth < 32:
+      return {_decode(k, depth + 1): _decode(v, depth + 1) for k, v in value.items()}
+  elif kind is tuple and value and value[0] == _ARRAY_TAG:
+    array = _array(value)
+    if type(array) is not str:
+      return array
+    raise _Refused(array)
+  elif kind is list or kind is _Lines or kind is tuple:
+    if depth < 32:
+      items = [_decode(v, depth + 1) for v in value]
+      return tuple(items) if kind is tuple else items
+  elif kind is np.ndarray and value.dtype.kind in 'biuf':
+    return value
+  found = find_refused(value, depth)
+  raise _Refused(found or 'a message nested deeper than 32 levels')
 
 
 def accept(value, where: str):
-  """`check`, then `value` as handlers use it: `plain`'s arrays as ndarrays again."""
-  check(value, where)
-  return _unwrap(value)
+  """`value` as handlers use it (`plain`'s arrays as ndarrays again); raises
+  `RefusedPayloadError` naming `where` when it carries anything refused."""
+  try:
+    return _decode(value)
+  except _Refused as e:
+    raise RefusedPayloadError(f'{where}: {_message(str(e))}') from None
 
 
 def served(handler, name: str):
