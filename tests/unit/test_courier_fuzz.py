@@ -142,8 +142,9 @@ class Reduced:
 class Fuzz:
   """The seeded generator: `message()` is one hostile value."""
 
-  def __init__(self, seed, marker):
+  def __init__(self, seed, marker, kv_tuples_only=False):
     self.rng = random.Random(seed)
+    self.kv_tuples_only = kv_tuples_only
     self.marker = marker
     code = f'open({marker!r}, "w").write("ran")'
     self.code = code
@@ -228,8 +229,9 @@ class Fuzz:
     # iterates them unchecked: anything else is a SIGSEGV of the sender)
     rest = [self.value(depth + 1),
             rng.choice([None, [self.value(depth + 1) for _ in range(rng.randrange(3))]]),
-            rng.choice([None, [(self.value(depth + 1), self.value(depth + 1))],
-                        [self.value(depth + 1)]])][:rng.randrange(4)]
+            rng.choice([None, [(self.value(depth + 1), self.value(depth + 1))]]
+                       + ([] if self.kv_tuples_only else [[self.value(depth + 1)]]))
+           ][:rng.randrange(4)]
     args = tuple(self.value(depth + 1) for _ in range(rng.randrange(4)))
     return Reduced(*self.name(), args, *rest)
 
@@ -245,6 +247,17 @@ class Fuzz:
     return rng.choice([[self.leaf() for _ in range(20000)],
                        {i: self.reduced() for i in range(200)},
                        b'\x00' * (3 << 20), np.zeros((512, 1024), np.float32)])
+
+  def reply(self):
+    """One hostile reply."""
+    r = self.rng.random()
+    if r < 0.03:
+      return self.nest()
+    if r < 0.35:
+      return self.rng.choice(self.attacks)()
+    if r < 0.6:
+      return self.reduced()
+    return self.value()
 
   def message(self):
     """(method, args) of one call."""
@@ -268,17 +281,29 @@ def rss_mb(pid):
   raise RuntimeError('no VmRSS')
 
 
-def send(client, fuzz, count):
-  """`count` generated calls through `client`; how many the sender could not encode."""
+def alive(pid):
+  """Whether process `pid` runs (a dead child stays a zombie until its parent waits)."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except FileNotFoundError:
+    return False
+
+
+def send(client, fuzz, count, pid):
+  """`count` generated calls through `client` to process `pid`: how many the sender
+  could not encode, and at which message `pid` died (None: it did not)."""
   unsendable = 0
-  for _ in range(count):
+  for i in range(count):
+    if not alive(pid):
+      return unsendable, i
     method, args = fuzz.message()
     try:
       getattr(client, method)(*args)
     except Exception as e:  # pylint: disable=broad-except
       if 'serializ' in str(e) or 'importable' in str(e):
         unsendable += 1
-  return unsendable
+  return unsendable, None if alive(pid) else count
 
 
 _SERVER = '''
@@ -311,21 +336,22 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import courier
 from tests.unit import test_courier_fuzz as t
-address, marker, seed, count = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-client = courier.Client(address, call_timeout=20)
+address, marker, seed, count, pid = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
+client = courier.Client(address, call_timeout=10)
 start = time.monotonic()
-unsendable = t.send(client, t.Fuzz(seed, marker), count)
-print(json.dumps({'seconds': time.monotonic() - start, 'unsendable': unsendable}))
+unsendable, died_at = t.send(client, t.Fuzz(seed, marker), count, pid)
+print(json.dumps({'seconds': time.monotonic() - start, 'unsendable': unsendable,
+                  'died_at': died_at}))
 '''
 
 
-def _wait_serving(address, proc, timeout=90.0):
+def _wait_serving(address, proc, method='ping', timeout=90.0):
   import courier  # pylint: disable=g-import-not-at-top
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     assert proc.poll() is None, 'the server exited while starting'
     try:
-      if courier.Client(address, call_timeout=2).ping() is True:
+      if getattr(courier.Client(address, call_timeout=2), method)(True) is True:
         return
     except Exception:  # pylint: disable=broad-except
       time.sleep(0.5)
@@ -344,12 +370,14 @@ def _valid_step(address):
   return decode(courier.Client(address, call_timeout=30).step(encode(request)), 'reply')
 
 
-def _attack(address, marker, seed, count):
+def _attack(address, marker, seed, count, pid):
   result = subprocess.run([sys.executable, '-c', _ATTACKER, REPO, address, marker,
-                           str(seed), str(count)], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+                           str(seed), str(count), str(pid)], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
   assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+  run = json.loads(result.stdout.strip().splitlines()[-1])
+  assert run['died_at'] is None, f'the server died at message {run["died_at"]} (seed {seed})'
+  return run
 
 
 @pytest.mark.timeout(240)
@@ -363,9 +391,9 @@ def test_central_server_survives_fuzz(tmp_path):
   try:
     _wait_serving(address, proc)
     assert 'action' in _valid_step(address)
-    warm = _attack(address, marker, SEED + 1, min(COUNT, 600))
+    warm = _attack(address, marker, SEED + 1, min(COUNT, 300), proc.pid)
     before = rss_mb(proc.pid)
-    run = _attack(address, marker, SEED, COUNT)
+    run = _attack(address, marker, SEED, COUNT, proc.pid)
     after = rss_mb(proc.pid)
     assert proc.poll() is None, open(tmp_path / 'server.log').read()[-3000:]
     assert 'action' in _valid_step(address)
@@ -378,4 +406,88 @@ def test_central_server_survives_fuzz(tmp_path):
     if proc.poll() is None:
       proc.kill()
     proc.wait()
+    log.close()
+
+
+_HOSTILE = '''
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import courier
+from tests.unit import test_courier_fuzz as t
+port, marker, seed = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+lock = threading.Lock()
+def hostile(fuzz):
+  def reply(*args):
+    with lock:
+      return fuzz.reply()
+  return reply
+server = courier.Server(port=port, thread_pool_size=2)
+full, kv_tuples = t.Fuzz(seed, marker), t.Fuzz(seed + 1, marker, kv_tuples_only=True)
+for name in t.SERVED:  # futures calls get replies whose key/value pairs are tuples
+  server.Bind(name, hostile(kv_tuples))
+  server.Bind('sync_' + name, hostile(full))
+server.Bind('echo', lambda x: x)
+server.Start()
+print('serving', flush=True)
+while True:
+  time.sleep(60)
+'''
+
+_VICTIM = '''
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import courier
+from seedacme.wire import courier_guard
+from tests.unit import test_courier_fuzz as t
+courier_guard.install()
+address, count = sys.argv[2], int(sys.argv[3])
+client = courier.Client(address, call_timeout=20)
+accept = getattr(courier_guard, 'accept', None) or (lambda v, w: courier_guard.check(v, w))
+def calls(n):
+  refused = 0
+  for i in range(n):
+    method = t.SERVED[i % len(t.SERVED)]
+    try:
+      if i % 2:
+        reply = getattr(client, 'sync_' + method)(i)
+      else:
+        reply = getattr(client.futures, method)(i).result(timeout=20)
+      accept(reply, 'reply')
+    except Exception:  # refused, or Courier could not encode it: either way, not run
+      refused += 1
+  return refused
+calls(min(count, 300))  # warm-up
+before = t.rss_mb('self')
+start = time.monotonic()
+refused = calls(count)
+seconds = time.monotonic() - start
+after = t.rss_mb('self')
+assert client.echo({'a': [1, 2.5, 'x']}) == {'a': [1, 2.5, 'x']}
+print(json.dumps({'seconds': seconds, 'refused': refused, 'before': before, 'after': after}))
+'''
+
+
+@pytest.mark.timeout(240)
+def test_actor_side_client_survives_hostile_replies(tmp_path):
+  marker = str(tmp_path / 'marker')
+  port = portpicker.pick_unused_port()
+  log = open(tmp_path / 'hostile.log', 'w')
+  server = subprocess.Popen([sys.executable, '-c', _HOSTILE, REPO, str(port), marker,
+                             str(SEED)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+  try:
+    _wait_serving(f'localhost:{port}', server, 'echo')
+    count = max(COUNT // 2, 1)
+    victim = subprocess.run([sys.executable, '-c', _VICTIM, REPO, f'localhost:{port}',
+                             str(count)], capture_output=True, text=True, timeout=200,
+                            cwd=REPO)
+    # A SIGSEGV is returncode -11; the last line is written after a valid call answered.
+    assert victim.returncode == 0, victim.stderr[-3000:]
+    run = json.loads(victim.stdout.strip().splitlines()[-1])
+    assert not os.path.exists(marker)
+    print(f'client: {count} hostile replies in {run["seconds"]:.1f} s ({run["refused"]} '
+          f'refused), RSS {run["before"]:.1f} -> {run["after"]:.1f} MB')
+    assert run['after'] - run['before'] < _RSS_BOUND_MB
+  finally:
+    server.kill()
+    server.wait()
     log.close()
