@@ -25,6 +25,12 @@ the central node and replay on host A, every actor on host B. One kernel still c
 both ends, so the rows show the cost of Courier's network path (TCP over a veth pair and
 a bridge instead of loopback) and the absence of shared memory, not a real network's
 latency. Needs xmanager (requirements/vertex.txt) and user namespaces.
+`cross_*` runs with `--network host` (plain Courier between the hosts, as before issue
+47); `tls_*` is the same program with the cluster launcher's default, every host's
+replicas in a private namespace behind the run's mutual-TLS endpoint
+(`seedacme/wire/tls_tunnel.py`): each request crosses B's sidecar, TLS, A's sidecar.
+The sidecar is a thread of each host's launcher, so its CPU shows as `tunnel` (the
+launchers' processes, steady window only).
 
 Prints the tables and writes bench/results/acting[_quick].json (`--out` names another). Asserts nothing about
 speed: it reports.
@@ -62,7 +68,8 @@ MODES = (('central', ['--inference', 'central', '--transport', 'courier']),
          ('actor', ['--inference', 'actor']))
 
 
-CROSS = ('cross', ['--inference', 'central', '--transport', 'courier'])
+CROSS = (('cross', ['--inference', 'central', '--transport', 'courier', '--network', 'host']),
+         ('tls', ['--inference', 'central', '--transport', 'courier']))
 
 
 class CrossHostRun(ProgramRun):
@@ -128,9 +135,12 @@ class CrossHostRun(ProgramRun):
     for p in tagged_processes(self.tag):
       try:
         out = os.readlink(f'/proc/{p.pid}/fd/1')
-        if not out.startswith(logs):
+        if out.startswith(os.path.join(self.workdir, 'launcher_')):
+          node = 'tunnel/' + out[-5]  # launcher_<host>.txt: the sidecar's thread
+        elif out.startswith(logs):
+          node = out[len(logs):].replace('-', '/')
+        else:
           continue
-        node = out[len(logs):].replace('-', '/')
         rss[node] = rss.get(node, 0.0) + p.memory_info().rss / 2**20
         times = p.cpu_times()
         cpu[p.pid] = (node, times.user + times.system)
@@ -162,7 +172,7 @@ def main() -> int:
   parser.add_argument('--out', default=None,
                       help='name of the JSON in bench/results/ (default acting[_quick].json)')
   args = parser.parse_args()
-  modes = MODES + ((CROSS,) if args.cross_host else ())
+  modes = MODES + (CROSS if args.cross_host else ())
   seconds = args.seconds or (15.0 if args.quick else 35.0)
   rows = []
   chosen = configs(args.quick) if not args.configs else [
@@ -178,7 +188,7 @@ def main() -> int:
     for mode, flags in modes:
       if args.modes and mode not in args.modes.split(','):
         continue
-      kind = CrossHostRun if mode == 'cross' else ProgramRun
+      kind = CrossHostRun if mode in ('cross', 'tls') else ProgramRun
       run = kind([env, 'vtrace', str(actors), str(k), *flags,
                   '--acting_only', '--num_eval_envs', '0',
                   '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
@@ -191,7 +201,7 @@ def main() -> int:
       row[f'{mode}_exit'] = result['exit_code']
       row[f'{mode}_load_1m'] = result['load_1m_at_end']  # other work skews the numbers
       # Where the CPU goes per env step: the actors' nodes and the central node's.
-      for group in ('actor', 'learner'):
+      for group in ('actor', 'learner', 'tunnel'):
         row[f'{mode}_{group}_cpu_us_per_step'] = run.cpu_us_per_step(group)
       print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
             f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
@@ -202,16 +212,19 @@ def main() -> int:
     for mode in ran:
       row[f'{mode}_cpu_us_per_step'] = (row[f'{mode}_actor_cpu_us_per_step']
                                         + row[f'{mode}_learner_cpu_us_per_step'])
+      if mode in ('cross', 'tls'):  # the launchers (and in `tls` their sidecars)
+        row[f'{mode}_cpu_us_per_step'] += row[f'{mode}_tunnel_cpu_us_per_step']
       row[f'{mode}_of_ceiling'] = row[f'{mode}_per_s'] / row['ceiling_per_s']
     for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central'),
-                 ('cross', 'central'), ('cross', 'shm')):
+                 ('cross', 'central'), ('cross', 'shm'), ('tls', 'cross')):
       if a in ran and b in ran:
         row[f'{a}_vs_{b}'] = row[f'{a}_per_s'] / row[f'{b}_per_s']
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
   print_table(rows, ['env', 'actors', 'K', 'engine', 'central_per_s', 'shm_per_s',
-                     'actor_per_s', *(['cross_per_s', 'cross_vs_central', 'cross_vs_shm']
+                     'actor_per_s', *(['cross_per_s', 'tls_per_s', 'tls_vs_cross',
+                                       'cross_vs_central', 'cross_vs_shm']
                                       if args.cross_host else []),
                      'central_vs_actor', 'shm_vs_actor', 'shm_vs_central',
                      'ceiling_per_s', 'shm_of_ceiling', 'shm_actor_rss_mb',
@@ -224,7 +237,9 @@ def main() -> int:
                      'shm_cpu_us_per_step', 'actor_actor_cpu_us_per_step',
                      'actor_learner_cpu_us_per_step', 'actor_cpu_us_per_step',
                      *(['cross_actor_cpu_us_per_step', 'cross_learner_cpu_us_per_step',
-                        'cross_cpu_us_per_step'] if args.cross_host else [])])
+                        'cross_cpu_us_per_step', 'tls_actor_cpu_us_per_step',
+                        'tls_learner_cpu_us_per_step', 'tls_tunnel_cpu_us_per_step',
+                        'tls_cpu_us_per_step'] if args.cross_host else [])])
   path = write_json(args.out or ('acting_quick.json' if args.quick else 'acting.json'),
                     {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
   print(f'acting: wrote {path}')
