@@ -66,10 +66,13 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.config.threading.set_intra_op_parallelism_threads(tf_threads)
     tf.config.threading.set_inter_op_parallelism_threads(tf_threads)
+  from seedacme.wire import courier_guard  # pylint: disable=g-import-not-at-top
+  courier_guard.install()  # the central node's wire: guarded, arrays as plain values
   if kind == 'echo':
     class Echo:
       def step(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        return {'action': np.zeros(request['ids'].shape[1], np.int32)}
+        request = courier_guard.accept(request, 'step')
+        return courier_guard.plain({'action': np.zeros(request['ids'].shape[1], np.int32)})
 
       def stats(self) -> Dict[str, float]:
         return {'batch_fill': float('nan')}
@@ -109,14 +112,14 @@ def _serve(kind: str, env: str, num_envs: int, port: int, ready, stop,
 
     class Service:
       def step(self, request):
-        return server.step(request)
+        return courier_guard.plain(server.step(courier_guard.accept(request, 'step')))
 
       def shm_offer(self, pid=None):
         return shm_server.offer(pid) if shm_server is not None else None
 
       def stats(self):
         s = server.batch_stats(reset=True)
-        return {'batch_fill': s.mean_batch_units / server.batch_capacity}
+        return courier_guard.plain({'batch_fill': s.mean_batch_units / server.batch_capacity})
     target = Service()
   courier_server = courier_utils.make_courier_server(target, port=port, thread_pool_size=16)
   courier_server.Start()
@@ -132,7 +135,18 @@ def _client(env: str, port: int, first_env_id: int, k: int, seconds: float, star
   import courier  # pylint: disable=g-import-not-at-top
   from seedacme.wire import protocol  # pylint: disable=g-import-not-at-top
   shape, dtype, _ = ENV_SHAPES[env]
-  client = courier.Client(f'localhost:{port}')
+  from seedacme.wire import courier_guard  # pylint: disable=g-import-not-at-top
+  courier_client = courier.Client(f'localhost:{port}')
+
+  class Client:
+    """`step(request)` on seedacme's Courier wire, as an actor's `RpcTransport` calls."""
+
+    def step(self, request):
+      return courier_guard.accept(courier_client.step(courier_guard.plain(request)), 'reply')
+
+    def shm_offer(self, pid):
+      return courier_client.shm_offer(pid)
+  client = Client()
   if transport == 'shm':
     from seedacme.actor.transport import ShmTransport  # pylint: disable=g-import-not-at-top
     from seedacme.types import Mode  # pylint: disable=g-import-not-at-top
