@@ -61,6 +61,7 @@ from typing import FrozenSet, Tuple
 from absl import logging
 import numpy as np
 
+from seedacme.wire import courier_futures
 from seedacme.wire.protocol import InvalidRequestError
 
 # The one name Courier rebuilds in a seedacme process (see the docstring): its
@@ -216,7 +217,8 @@ def _message(what: str) -> str:
 _lock = threading.Lock()
 _real_import = None
 _refused_logged = set()
-_courier_client_file = None
+# Files whose frames call Courier's client (its own; `courier_futures`'s pool threads).
+_courier_client_files = frozenset()
 
 
 def _refuse(what: str) -> _StandIn:
@@ -337,7 +339,7 @@ class _Gate(types.ModuleType):
     # frame above this one, or Courier's client module) is held to the allow-list.
     caller = sys._getframe(1) if sys._getframe(0).f_back is not None else None
     if threading.get_ident() != thread and caller is not None and \
-        caller.f_code.co_filename != _courier_client_file:
+        caller.f_code.co_filename not in _courier_client_files:
       return getattr(module or importlib.import_module(name), attr)
     if module is None or (name, attr) not in ALLOWED:
       return _refuse(f'{name}.{attr}')
@@ -351,7 +353,7 @@ def _from_courier() -> bool:
     caller = sys._getframe(2)  # 0: this function, 1: the hook, 2: who imported
   except ValueError:
     return True
-  return caller.f_code.co_filename == _courier_client_file
+  return caller.f_code.co_filename in _courier_client_files
 
 
 def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # pylint: disable=redefined-builtin
@@ -371,11 +373,13 @@ def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # p
 def install() -> None:
   """Puts the guard in place for this process (idempotent). Call before the first
   Courier server or client of the process is used."""
-  global _real_import, _courier_client_file
+  global _real_import, _courier_client_files
   with _lock:
     if _real_import is not None:
       return
     from courier.python import client as courier_client  # pylint: disable=g-import-not-at-top
-    _courier_client_file = courier_client.__file__
+    # Courier's futures would end this process on some replies (`courier_futures`).
+    courier_futures.install()
+    _courier_client_files = frozenset({courier_client.__file__, courier_futures.__file__})
     _real_import = builtins.__import__
     builtins.__import__ = _guarded_import
