@@ -12,8 +12,14 @@ Each is sent by a second process to a central node's surface (`make_central_serv
 over a node stand-in that records what reaches it: the guard under test is the
 server's, not the node's) and, for the first, answered by a hostile server to a client
 with the guard installed (sync and futures). On the code before the guard was made
-total (ce34d39) the first reaches the node as a class, the second and third end the
-server (SIGSEGV); now each is a `RefusedPayloadError` naming it, the node serves on.
+total (ce34d39, run against it from a worktree) the first reaches the node as a class
+(the node saw `type`), the second ends the server (SIGSEGV, -11), the third is rebuilt
+up to numpy's own error (the caller gets Courier's anonymous "ToUtilStatus failure.",
+no refusal); now each is a `RefusedPayloadError` naming it and the node serves on.
+
+Last, the two replies that ended a client on Courier's asynchronous path with or
+without the guard (SIGABRT): now `seedacme.wire.courier_futures` makes it the
+synchronous call, which raises.
 """
 
 import os
@@ -119,7 +125,7 @@ def test_allowed_constructor_given_bad_arguments_does_not_end_the_server(server)
 
 @pytest.mark.timeout(120)
 def test_forged_dtype_flags_build_no_array(server):
-  """Old code: SIGSEGV in the guard's own walk of an array it took for objects."""
+  """Old code: rebuilt up to numpy's error; the caller got "ToUtilStatus failure."."""
   _assert_refused_and_serving(server, 'forged dtype', 'numpy.core.multiarray._reconstruct')
 
 
@@ -153,6 +159,59 @@ def test_reply_naming_a_non_module_entry_is_refused_on_the_client(tmp_path):
       assert not isinstance(reply, type)
       with pytest.raises(courier_guard.RefusedPayloadError, match='typing.io.__class__'):
         courier_guard.check(reply, 'the reply')
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+_ABORTING = '''
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import courier
+from tests.unit.test_courier_fuzz import Reduced
+deep = 1
+for _ in range(60):
+  deep = [deep]
+server = courier.Server(port=int(sys.argv[2]))
+server.Bind('pairs', lambda: Reduced('builtins', 'set', (), None, None, [1]))
+server.Bind('deep', lambda: deep)
+server.Bind('echo', lambda x: x)
+server.Start()
+while True:
+  time.sleep(60)
+'''
+
+_FUTURES_CLIENT = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+import courier
+from seedacme.wire import courier_guard
+courier_guard.install()
+client = courier.Client(sys.argv[2], call_timeout=10)
+try:
+  client.futures.__getattr__(sys.argv[3])().result(timeout=10)
+except Exception as e:
+  print(type(e).__name__)
+assert client.futures.echo(5).result(timeout=10) == 5
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('reply', ['pairs', 'deep'])
+def test_futures_reply_that_fails_to_rebuild_does_not_end_the_client(reply):
+  """Old code: SIGABRT (-6) of the client on Courier's async path, guard or not: key/value
+  pairs that are not pairs (pybind11's error in the callback), a reply nested 60 deep
+  (`client.cc:111 Check failed: ok`). Now the call raises and the client goes on."""
+  port = portpicker.pick_unused_port()
+  proc = subprocess.Popen([sys.executable, '-c', _ABORTING, REPO, str(port)], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    fuzz._wait_serving(f'localhost:{port}', proc, 'echo')
+    client = subprocess.run([sys.executable, '-c', _FUTURES_CLIENT, REPO,
+                             f'localhost:{port}', reply], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert client.returncode == 0, (client.returncode, client.stderr[-1500:])
+    assert client.stdout.strip() == 'StatusNotOk'
   finally:
     proc.kill()
     proc.wait()
