@@ -17,6 +17,8 @@ synchronous call on a pool of daemon threads (grown when none is idle) and retur
 `concurrent.futures.Future`, as Courier's did. `cancel()` of a call not yet answered
 still succeeds and its result is dropped; the call itself runs to its answer or its
 `call_timeout` (Courier's own cancel would end it at once), keeping one pool thread.
+Cost: a `futures` echo round trip, best of 3 x 1000 calls on loopback under load ~10
+on 2 cores: Courier's 267 us, this 259 us (each run 260-810 us: no difference seen).
 """
 
 import queue
