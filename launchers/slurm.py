@@ -25,9 +25,14 @@ the last checkpoint within ~10 s. The batch step, told by the same SIGTERM, then
 the summary (`stopped_because` names the Slurm job; the `stop` kind stays
 `stop_requested`). `--requeue`: a requeued or preempted job starts again with the same
 job id, ports and logdir, and resumes from its checkpoint (the run's identity check and
-its budgets across starts apply, as for any resume). When component 0's task ends (the
-run ended, or failed) component 1's tasks get a minute to see the summary and stop by
-themselves, and are then stopped.
+its budgets across starts apply, as for any resume). Slurm holds a requeued job ~2
+minutes; on the 22.05 test cluster a requeued het job then stayed pending until its
+start time was updated (`scontrol update JobId=N StartTime=now`). When component 0's
+task ends (the run ended, or failed) component 1's tasks get a minute to see the summary
+and stop by themselves, and are then stopped. The sruns run `--kill-on-bad-exit=0`: an
+actor task that fails takes only its actors (the run goes on, as with a lost host),
+not the other tasks of its component. Heterogeneous jobs are scheduled by backfill
+only: at its default 30 s `bf_interval` a het job waited ~25 s on an idle cluster.
 
 Seeds: `--seeds 0-4` submits one heterogeneous job per seed (logdir `<logdir>/seed_<n>`),
 not a job array: Slurm 22.05 refuses arrays of heterogeneous jobs (`sbatch --array=0-1`
