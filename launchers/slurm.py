@@ -333,9 +333,10 @@ def submit_main(argv: Sequence[str]) -> int:
   first = jobs[0][2]
   progress = os.path.join(first, 'progress.jsonl') if len(jobs) == 1 else \
       os.path.join(args.logdir, 'seed_*', 'progress.jsonl')
+  output = os.path.join(first if len(jobs) == 1 else os.path.join(args.logdir, 'seed_*'),
+                        SLURM_DIR, 'slurm-<job>.out')
   print(f'follow: squeue -j {ids}    progress: tail -F {progress}\n'
-        f'        Slurm output: {os.path.join(first, SLURM_DIR)}/slurm-<job>.out    '
-        f'stop: scancel {ids.replace(",", " ")}')
+        f'        Slurm output: {output}    stop: scancel {ids.replace(",", " ")}')
   if sweep:
     print(f'        when done: python -m seedacme.launchers.slurm aggregate {args.logdir}')
   return 0
@@ -409,13 +410,17 @@ def batch_main(argv: Sequence[str]) -> int:
   from seedacme.launchers import cluster  # pylint: disable=g-import-not-at-top
   program = cluster.parse_args([*forward, '--logdir', args.logdir])
   env = dict(os.environ)
-  job = env['SLURM_JOB_ID']
+  job = env.get('SLURM_JOB_ID', '')
   restarts = env.get('SLURM_RESTART_COUNT', '0')
   counts = replica_counts(program.num_actors, program.num_eval_envs)
   assignment = assign_replicas(counts, int(args.actor_tasks))
-  hosts = allocation_hosts(env)
-  ports = job_ports(int(job), sum(counts.values()), parse_range(args.port_range))
-  spec = derive_spec(counts, assignment, hosts, ports)
+  try:
+    hosts = allocation_hosts(env)
+    ports = job_ports(int(job), sum(counts.values()), parse_range(args.port_range))
+    spec = derive_spec(counts, assignment, hosts, ports)
+  except (ValueError, subprocess.CalledProcessError) as e:
+    print(f'slurm batch: {e}', file=sys.stderr)
+    return 2
   local = '://' not in args.logdir
   # The job's files: on the shared logdir, or (a bucket) in the job's working dir.
   jobdir = os.path.join(args.logdir if local else os.getcwd(), SLURM_DIR, f'job-{job}')
