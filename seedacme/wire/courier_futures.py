@@ -76,9 +76,10 @@ def install() -> None:
   def method(self, name: str):
     def call(*args, **kwargs):
       def sync():
+        # pylint: disable=protected-access
         try:
-          return self._client.PyCall(name, list(args), kwargs, self._wait_for_ready,  # pylint: disable=protected-access
-                                     self._call_timeout, self._compress)  # pylint: disable=protected-access
+          return self._client.PyCall(name, list(args), kwargs, self._wait_for_ready,
+                                     self._call_timeout, self._compress)
         except courier_client.StatusThrown as e:
           raise courier_client.translate_status(e.status) from None
       return submit(sync)

@@ -31,8 +31,8 @@ and inside, this guard leaves Courier nothing to rebuild.
   Courier's deserializer makes (`PyImport_Import`: an empty *list* as `fromlist`, the
   same dict as globals and locals; no Python import statement calls it so) from where
   Courier makes it (no Python frame on the thread: a server thread; or Courier's own
-  `client.py`, or `courier_futures`, whose threads make a client's `futures` calls: on
-  Courier's own async path some replies abort the process) imports no module that no allowed
+  `client.py`, or `courier_futures`, whose threads make a client's `futures` calls:
+  on Courier's async path some replies abort the process) imports no module that no allowed
   name lives in, and puts a one-shot gate in `sys.modules[name]` for the attribute read
   that follows -- for any entry there, module or not (Python 3.10 keeps classes in
   `sys.modules`: `typing.io`; issue 47 reached `exec` through one). A name not allowed
