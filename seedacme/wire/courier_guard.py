@@ -129,6 +129,8 @@ class _Lines(list):
   def __setitem__(self, key, value) -> None:
     del key, value
 
+  __hash__ = object.__hash__  # usable as a dict key a payload puts it in
+
 
 # The dtypes an array may travel with: numbers and bools, little-endian.
 _DTYPES = {np.dtype(c).newbyteorder('<').str: np.dtype(c).newbyteorder('<')
