@@ -425,8 +425,9 @@ def batch_main(argv: Sequence[str]) -> int:
   # The job's files: on the shared logdir, or (a bucket) in the job's working dir.
   jobdir = os.path.join(args.logdir if local else os.getcwd(), SLURM_DIR, f'job-{job}')
   os.makedirs(jobdir, exist_ok=True)
+  nodes = allocation_hosts(env, addresses=list)  # each task's node name, for people
   plan = {'job': job, 'restart_count': int(restarts), 'spec': spec, 'tasks': assignment,
-          'hosts': hosts, 'forward': [*forward, '--logdir', args.logdir, '--seed',
+          'hosts': hosts, 'nodes': nodes, 'forward': [*forward, '--logdir', args.logdir, '--seed',
                                       args.seed] +
           (['--accelerator', 'gpu'] if args.gres and 'gpu' in args.gres and
            '--accelerator' not in forward else [])}

@@ -25,6 +25,7 @@ from typing import Dict, List
 import portpicker
 
 DAEMONS = ('slurmctld', 'slurmd', 'munged', 'mungekey', 'sbatch')
+NODE_VAR = 'SEEDACME_SLURM_NODE'  # in a slurmd's environment: its node
 
 
 def skip_reason() -> str | None:
@@ -77,7 +78,8 @@ class SlurmCluster:
         'SelectType=select/cons_tres', 'SelectTypeParameters=CR_Core',
         'SchedulerType=sched/backfill', 'SchedulerParameters=bf_interval=1',
         'MpiDefault=none', 'ReturnToService=2', f'KillWait={self._kill_wait}',
-        'SlurmdTimeout=30', 'JobCompType=jobcomp/none',
+        'SlurmdTimeout=20',  # a lost node is marked down within ~40 s
+        'JobCompType=jobcomp/none',
         'AccountingStorageType=accounting_storage/none',
         'JobAcctGatherType=jobacct_gather/none',
     ]
@@ -116,8 +118,12 @@ class SlurmCluster:
     self._wait('every node idle', lambda: self.idle() == len(self.nodes), self._startup_s)
 
   def _spawn(self, name: str, command: List[str]) -> None:
+    # A slurmd's environment carries its node's name to its slurmstepds: `kill_node`
+    # finds them by it.
+    env = dict(self.env, **{NODE_VAR: name.partition('slurmd-')[2]} if
+               name.startswith('slurmd-') else {})
     with open(os.path.join(self.dir, f'{name}.out'), 'w') as out:
-      self._daemons[name] = subprocess.Popen(command, env=self.env, stdout=out,
+      self._daemons[name] = subprocess.Popen(command, env=env, stdout=out,
                                              stderr=subprocess.STDOUT,
                                              start_new_session=True)
 
@@ -148,11 +154,25 @@ class SlurmCluster:
     except OSError:
       return ''
 
-  def kill_node(self, node: str) -> None:
-    """The node's slurmd killed (SIGKILL): the node is lost to the controller."""
+  def kill_node(self, node: str) -> int:
+    """A lost host: the node's slurmd, its slurmstepds and every task process it ran
+    killed (SIGKILL). Returns how many processes were killed."""
     proc = self._daemons[f'slurmd-{node}']
     proc.kill()
     proc.wait()
+    marks = {f'{NODE_VAR}={node}'.encode(), f'SLURMD_NODENAME={node}'.encode()}
+    killed = 1
+    for entry in os.listdir('/proc'):
+      if not entry.isdigit() or int(entry) == os.getpid():
+        continue
+      try:
+        with open(f'/proc/{entry}/environ', 'rb') as f:
+          if marks & set(f.read().split(b'\0')):
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+      except OSError:
+        continue
+    return killed
 
   def job_state(self, job: int) -> str:
     """The job's state per `squeue` ('' once it left the queue)."""

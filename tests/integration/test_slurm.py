@@ -164,3 +164,61 @@ def test_catch_job_requeued_resumes_and_scancel_stops_it_cleanly(tmp_path):
   assert final['resumed_from_learner_step'] >= stopped_at
   assert final_step > stopped_at and later['learner_steps'] > stopped_at
   assert output.count('stopped by the scheduler; summary marked') == 2, output[-3000:]
+
+
+# One more start of the program (~2.5 min at load 8) and the controller's SlurmdTimeout:
+# beyond the ~4 minutes CI gives Slurm, so it runs with the slow tests.
+@pytest.mark.skipif(not os.environ.get('SEEDACME_SLOW_TESTS'),
+                    reason='about 4 minutes; set SEEDACME_SLOW_TESTS=1')
+@pytest.mark.timeout(600)
+def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp_path):
+  """The node of actor/1 and the evaluator lost (its slurmd, slurmstepds and task
+  processes killed): the run goes on with actor/0; the controller marks the node down
+  and ends the job, whose SIGTERM marks the summary; with --requeue the job waits in the
+  queue for three nodes, nothing of it left running."""
+  _need_slurm_and_xmanager()
+  tag = uuid.uuid4().hex
+  tmp = tmpdir_without_underscore('seedacmeslurmjob')
+  logdir = os.path.join(tmp, 'logdir')
+  try:
+    with SlurmCluster(['n1', 'n2', 'n3']) as slurm:
+      env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
+      submitted = subprocess.run(
+          [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
+           '--logdir', logdir, '--actor_nodes', '2', '--requeue', '--max_seconds', '600',
+           '--progress_interval_s', '2', '--checkpoint_interval_s', '5'],
+          env=env, capture_output=True, text=True, timeout=120, check=False)
+      assert submitted.returncode == 0, submitted.stderr
+      job = int(submitted.stdout.split('submitted job ')[1].split()[0])
+      context = lambda: slurm.run(['squeue'], check=False)  # noqa: E731
+      _wait_for('both actors serving', lambda: any(
+          r.get('actors_serving') == 2 and r.get('learner_steps')
+          for r in _records(logdir)), 300, context)
+      with open(os.path.join(logdir, 'slurm', f'job-{job}', 'plan-0.json')) as f:
+        lost = json.load(f)['nodes'][1][1]  # actor/1 and the evaluator
+      assert slurm.kill_node(lost) >= 4  # slurmd, a slurmstepd, the task, its launcher
+      killed = time.monotonic()
+      before = len(_records(logdir))
+      one = _wait_for('the run to go on with one actor', lambda: next(
+          (r for r in _records(logdir)[before:] if r.get('actors_serving') == 1), None),
+          60, context)
+      more = _wait_for('more env steps', lambda: next(
+          (r for r in _records(logdir) if r['env_steps'] > one['env_steps']), None),
+          30, context)
+      _wait_for('the job requeued', lambda: slurm.job_state(job) == 'PENDING', 120,
+                context)
+      down_s = time.monotonic() - killed
+      # Not responding ('*'), down, or drained: not given to the job again.
+      state = slurm.run(['sinfo', '-h', '-n', lost, '-o', '%t %E'], check=False)
+      summary = logdir_lib.read_summary(logdir)
+      _wait_for('every process of the job to end', lambda: not leftover_processes(tag),
+                30, context)
+      slurm.run(['scancel', str(job)])
+  finally:
+    leftovers = leftover_processes(tag)
+    shutil.rmtree(tmp, ignore_errors=True)
+  print('node lost to job requeued', round(down_s), 's; node', state)
+  assert '*' in state.split()[0] or state.split()[0].startswith(('down', 'drain', 'fail')), state
+  assert not leftovers, leftovers
+  assert more['actors'] == 2 and more['actors_serving'] == 1, more
+  assert summary['scheduler'] == {'name': 'slurm', 'job_id': str(job), 'restart_count': 0}
