@@ -43,9 +43,13 @@ class SlurmCluster:
   """`with SlurmCluster(['n1', 'n2', 'n3']) as slurm: slurm.run(['sinfo'])`."""
 
   def __init__(self, nodes: List[str], cpus: int = 2, kill_wait_s: int = 30,
-               startup_s: float = 60.0):
+               slurmd_timeout_s: int = 60, startup_s: float = 60.0):
+    """`slurmd_timeout_s`: how long a node may not answer before the controller
+    gives up on it (a lost node is then not responding within ~1.5x that, measured at
+    20 s); shorter is faster to test a lost node, longer safer at high load."""
     self.nodes = nodes
     self._cpus, self._kill_wait, self._startup_s = cpus, kill_wait_s, startup_s
+    self._slurmd_timeout = slurmd_timeout_s
     self.dir = ''
     self._daemons: Dict[str, subprocess.Popen] = {}
 
@@ -78,7 +82,7 @@ class SlurmCluster:
         'SelectType=select/cons_tres', 'SelectTypeParameters=CR_Core',
         'SchedulerType=sched/backfill', 'SchedulerParameters=bf_interval=1',
         'MpiDefault=none', 'ReturnToService=2', f'KillWait={self._kill_wait}',
-        'SlurmdTimeout=20',  # a lost node is marked down within ~40 s
+        f'SlurmdTimeout={self._slurmd_timeout}',
         'JobCompType=jobcomp/none',
         'AccountingStorageType=accounting_storage/none',
         'JobAcctGatherType=jobacct_gather/none',

@@ -181,7 +181,7 @@ def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp
   tmp = tmpdir_without_underscore('seedacmeslurmjob')
   logdir = os.path.join(tmp, 'logdir')
   try:
-    with SlurmCluster(['n1', 'n2', 'n3']) as slurm:
+    with SlurmCluster(['n1', 'n2', 'n3'], slurmd_timeout_s=20) as slurm:
       env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
       submitted = subprocess.run(
           [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
