@@ -41,10 +41,11 @@ cluster). `aggregate <logdir>` reads the seeds' progress and writes the median a
 of the return at fixed env steps (`aggregate.json`, `aggregate.png`).
 
 Why not xm-slurm (XManager's community Slurm backend, which Vertex's path could share):
-it needs a newer XManager than the 0.3.0 Launchpad 0.5.0 is pinned to, and it launches
-containers (Apptainer/Docker images) where this launcher runs the checkout's own
-interpreter on a shared filesystem; a batch script an admin can read was the smaller
-dependency. The checkout and its `.venv` must be at the same path on every node, as the
+its 0.3.0 (read for this) requires xmanager>=0.4.0, where Launchpad 0.5.0 pins 0.3.0; it
+submits over SSH (asyncssh) from a workstation, and runs each job as a container image
+(Docker built, run by Apptainer), where this launcher runs the checkout's own
+interpreter on a shared filesystem from a login node. A batch script an admin can read
+was the smaller dependency. The checkout and its `.venv` must be at the same path on every node, as the
 logdir (or the logdir a `gs://` bucket).
 """
 
