@@ -7,6 +7,7 @@ import os
 import pytest
 
 from seedacme.launchers import slurm
+from seedacme.run import sweeps
 
 
 def test_seeds_ranges_lists_and_refusals():
@@ -156,9 +157,9 @@ def _records(points, metric='eval_average_return'):
 
 def test_value_at_is_the_last_record_by_then():
   curve = [(100, 0.1), (200, 0.5), (300, 0.9)]
-  assert slurm.value_at(curve, 50) is None
-  assert slurm.value_at(curve, 250) == 0.5
-  assert slurm.value_at(curve, 300) == 0.9
+  assert sweeps.value_at(curve, 50) is None
+  assert sweeps.value_at(curve, 250) == 0.5
+  assert sweeps.value_at(curve, 300) == 0.9
 
 
 def test_aggregate_median_and_range_at_fixed_env_steps():
@@ -167,7 +168,7 @@ def test_aggregate_median_and_range_at_fixed_env_steps():
       1: [(1000, 0.2), (2000, 0.6), (3000, 1.0), (4000, 1.0)],
       2: [(1500, -0.2), (3100, 0.5)],
   }
-  result = slurm.aggregate(curves, every=1000)
+  result = sweeps.aggregate(curves, every=1000)
   assert result['env_steps_every_seed_reached'] == 3000
   rows = {r['env_steps']: r for r in result['points']}
   assert sorted(rows) == [1000, 2000, 3000]
@@ -176,7 +177,7 @@ def test_aggregate_median_and_range_at_fixed_env_steps():
   assert (rows[2000]['min'], rows[2000]['max']) == (-0.2, 0.6)
   assert rows[3000]['per_seed'] == {'0': 0.8, '1': 1.0, '2': -0.2}
   assert result['final'] == {'0': 0.8, '1': 1.0, '2': 0.5}
-  evenly = slurm.aggregate(curves, points=3)
+  evenly = sweeps.aggregate(curves, points=3)
   assert [r['env_steps'] for r in evenly['points']] == [1000, 2000, 3000]
 
 
