@@ -22,13 +22,10 @@ without the guard (SIGABRT): now `seedacme.wire.courier_futures` makes it the
 synchronous call, which raises.
 """
 
-import os
 import subprocess
 import sys
-import time
 
 import courier
-import numpy as np
 import portpicker
 import pytest
 

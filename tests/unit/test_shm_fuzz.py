@@ -168,7 +168,7 @@ class _Fuzzer:
     try:
       conn.sendall(_hello(first, num, self.offer['generation'], self.offer['ticket']))
       segment = shm.receive_segment(conn)
-    except OSError as e:  # an overlapping actor not detached yet, ...
+    except OSError:  # an overlapping actor not detached yet, ...
       self.counts['attach refused'] += 1
       conn.close()
       return
