@@ -10,7 +10,9 @@ outlive it, so a run longer than a session (R2D2 on Pong: ~4-5 hours to 5M env s
 here) would start over in every new checkout. This copies the run's records (progress,
 summaries, launch records, TensorBoard events: KBs) and, with `--checkpoint`, its newest
 learner checkpoint only (network, target network, optimizer and counters: 40 MB for
-R2D2's Nature CNN + LSTM 256), with a `checkpoint` index naming just that one. It never
+R2D2's Nature CNN + LSTM 256), with a `checkpoint` index naming just that one, and the
+run's saved config beside it (`run_config.json`: without it a resume is refused, as
+nothing says the checkpoint is that run's; `seedacme.run.identity`). It never
 copies the replay's checkpoints (GBs: a resumed run refills its replay) nor the node
 logs. The run then resumes exactly where its learner was, with an empty replay.
 """
@@ -59,7 +61,7 @@ def keep(logdir: str, dest: str, checkpoint: bool) -> int:
     target = os.path.join(dest, 'checkpoints')
     os.makedirs(target)
     for name in os.listdir(source):
-      if name.startswith(prefix + '.'):
+      if name.startswith(prefix + '.') or name == 'run_config.json':
         copied += os.path.getsize(shutil.copy(os.path.join(source, name), target))
     with open(os.path.join(target, 'checkpoint'), 'w') as f:
       f.write(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')

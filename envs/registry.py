@@ -68,8 +68,10 @@ class AtariFactory:
   worker threads (0: one per core).
   """
   game: str = 'Pong'
-  engine: str = 'python'
-  num_threads: int = 0
+  # How the envs are stepped, not which: not part of a run's config on resume
+  # (seedacme.run.identity).
+  engine: str = dataclasses.field(default='python', metadata={'run_identity': False})
+  num_threads: int = dataclasses.field(default=0, metadata={'run_identity': False})
   noop_max: int = 30
   frame_skip: int = 4
   frame_stack: int = 4

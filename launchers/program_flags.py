@@ -32,7 +32,7 @@ from seedacme.agents import registry as agents
 from seedacme.config import ProgramConfig
 from seedacme.envs.registry import ENGINES, env_names, factory_options, training_only_options
 from seedacme.run import identity
-from seedacme.types import EnvFactories
+from seedacme.types import EnvFactories, Mode, factory_for
 
 
 class ProgramArgsError(ValueError):
@@ -55,10 +55,12 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('--max_learner_steps', type=int, default=0, help='0: no limit')
   parser.add_argument('--max_env_steps', type=int, default=0, help='0: no limit')
   parser.add_argument('--allow_config_change', action='append', default=[],
-                      metavar='FIELD[,FIELD]',
-                      help='resume a logdir whose saved run config differs in these fields '
-                      '(as the refusal names them, e.g. learning_rate); without it a '
-                      'resume with another config is refused')
+                      metavar='PATH[,PATH]',
+                      help='resume a logdir whose saved run config differs in these fields, '
+                      'named by their exact paths as the refusal lists them (e.g. '
+                      "agent_config.learning_rate, env_args.game); '*': any field, and a "
+                      'checkpoint saved without a run config (this one adopted); without '
+                      'it a resume with another config is refused')
   parser.add_argument('--target_return', type=float, default=None,
                       help='stop once the average return reaches this')
   parser.add_argument('--target_on', choices=('train', 'eval'), default='train',
@@ -268,7 +270,9 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       acting_nice=args.acting_nice, accelerator=accelerator, env_name=args.env,
       env_step_timeout_s=args.env_step_timeout_s or None,
       max_abs_reward=args.max_abs_reward,
-      env_args=env_args, allow_config_change=tuple(
+      env_args=env_args,
+      env_factory_identity=identity.factory_identity(factory_for(factory, Mode.TRAIN)),
+      allow_config_change=tuple(
           f.strip() for item in getattr(args, 'allow_config_change', []) for f in
           item.split(',') if f.strip()))
   try:

@@ -69,9 +69,15 @@ class ProgramConfig:
     env_name, env_args: the env as the launcher named it (registry name, the training
       envs' factory arguments, the agent's training-env defaults included); saved with
       the run's config and compared on resume
-      (`seedacme.run.identity`; None: only the env's spec is compared).
-    allow_config_change: fields of the saved run config a resume may change (names
-      as the refusal prints them, or an agent config field's bare name).
+      (`seedacme.run.identity`; None: a program composed in Python, told apart by
+      `env_factory_identity`).
+    env_factory_identity: which envs the training envs' factory makes (its qualified
+      name and arguments, `seedacme.run.identity.factory_identity`); `make_program`
+      sets it from the factory it is given, for a launcher's program and a composed
+      one alike, and a resume compares it.
+    allow_config_change: fields of the saved run config a resume may change, by the
+      exact paths the refusal prints (`agent_config.entropy_cost`, `env_args.game`);
+      '*': any field, and a checkpoint saved without a config (its config adopted).
     acting_nice: renice actor and evaluator processes by this much (0-19), so that the
       central node's inference and learner win the CPU when all are runnable
       (`seedacme.runtime.priority`; measured in bench/learner_share.py).
@@ -117,6 +123,7 @@ class ProgramConfig:
   max_abs_reward: float | None = None
   env_name: str | None = None
   env_args: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  env_factory_identity: Dict[str, Any] | None = None
   allow_config_change: Tuple[str, ...] = ()
 
   @property

@@ -10,7 +10,9 @@ logdir may be a bucket (`gs://...` on Vertex AI).
 
 A resume restores the same run or refuses to start:
 - the run's config is saved beside the first checkpoint and compared before a restore
-  (`seedacme.run.identity`);
+  (`seedacme.run.identity`); a checkpoint saved without one is refused too (on
+  ce34d39 it was restored and the new config adopted) unless
+  `--allow_config_change '*'` adopts this run's;
 - a restore must match every saved object both ways, or it fails naming what is
   missing (`CheckpointMismatchError`). TF's `expect_partial()` skipped whatever did not
   match: a net with one hidden layer restored the first of a two-layer net's and went
@@ -147,14 +149,15 @@ class Checkpointer:
     counters = {k: int(v.numpy()) for k, v in self._counters.items()}
     logging.info('Restored checkpoint %s at learner step %d', path, counters['learner_steps'])
     if self._identity is not None:
-      saved = identity_lib.read_saved(self._directory)
-      if changes:
+      if identity_lib.read_saved(self._directory) is None:  # adopted: '*' allowed it
+        self._log_event('resumed a checkpoint saved without its run config (allowed: '
+                        "--allow_config_change '*'): this run's config from now on")
+      elif changes:
         self._log_event('resumed with a changed config (allowed): ' + '; '.join(
             f'{k}: {a!r} -> {b!r}' for k, a, b in changes))
-      if changes or saved is None:  # saved before configs were: this one from now on
-        identity_lib.save(self._directory, self._identity, change={
-            'learner_step': counters['learner_steps'],
-            'fields': {k: [a, b] for k, a, b in changes}} if changes else None)
+      if changes:
+        identity_lib.save(self._directory, self._identity, change=identity_lib.change_record(
+            counters['learner_steps'], changes))
       self._identity_saved = True
     return counters
 

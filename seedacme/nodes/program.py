@@ -14,6 +14,7 @@ and a replica on Vertex. Every node is supervised (`seedacme.runtime.supervisor`
 Nothing here knows which agent it runs or how the program is launched (`launchers/`).
 """
 
+import dataclasses
 import functools
 import os
 from typing import Callable
@@ -29,6 +30,7 @@ from seedacme.config import ProgramConfig
 from seedacme.nodes.central import CentralNode
 from seedacme.nodes.central_process import SupervisedCentralNode
 from seedacme.nodes.replay import ReplayNode
+from seedacme.run import identity
 from seedacme.runtime.supervisor import run_supervised
 from seedacme.types import EnvFactories, EnvFactory, EnvSpec, Mode, factory_for
 
@@ -63,12 +65,17 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
     env_factory: picklable `factory(seed) -> dm_env.Environment`, or `EnvFactories`
       (the actors' envs from one, the evaluator's from the other).
     spec: the env's spec (observation shape/dtype, number of actions).
-    config: sizes, batching, budget, logdir.
+    config: sizes, batching, budget, logdir (its `env_factory_identity` is set here,
+      from `env_factory`).
     stop_program: called by the central node when the budget is reached
       (`lp.make_program_stopper(launch_type)`, created in the launching process).
   """
   config.validate()
   builder.check_spec(spec)
+  # The env a resume compares (seedacme.run.identity): the factory's own, so a
+  # launcher's program and one composed in Python record the same kind.
+  config = dataclasses.replace(config, env_factory_identity=identity.factory_identity(
+      factory_for(env_factory, Mode.TRAIN)))
   program = lp.Program(name)
   with program.group('replay'):
     replay_interval = builder.replay_checkpoint_interval_s

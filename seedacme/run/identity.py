@@ -6,20 +6,29 @@ logdir) restored what matched, skipped the rest and went on as if it were the ru
 asked for. So the first checkpoint is saved with the run's config
 (`<logdir>/checkpoints/run_config.json`, written by rename) and a resume compares its
 own with it before restoring anything: any difference stops the run at start-up with
-an error naming each field, saved and new value (`RunConfigMismatchError`, fatal: a
-supervisor does not restart it). `--allow_config_change FIELD[,FIELD]`
-(`ProgramConfig.allow_config_change`) lets a resume change the fields it names; the
-change is recorded in the file, and the checkpoint restore still has to match every
-saved object (`seedacme.learner.checkpointing`).
+an error naming each field by its path, saved and new value (`RunConfigMismatchError`,
+fatal: a supervisor does not restart it). `--allow_config_change PATH[,PATH]`
+(`ProgramConfig.allow_config_change`) lets a resume change the fields it names, by
+their exact paths as the refusal prints them (`agent_config.entropy_cost`,
+`env_args.game`; `*`: any field); the change is recorded in the file, and the
+checkpoint restore still has to match every saved object
+(`seedacme.learner.checkpointing`).
 
 What is compared, and why:
 - `agent` and every field of the agent's config dataclass: they define the networks
   (core, torso, sizes, observation normalization), the optimizer, the replay tables
   and the loss. The registry fits some defaults to the number of training envs, so a
   resize that changes them shows up here by field.
-- `env`, `env_args` (game, level, scenario, `--env_config`) and `env_spec`
-  (observation shape and dtype, actions): the data the networks were trained on. The
-  env engine is left out: it steps the same envs.
+- the env: `env_factory`, the training envs' factory as `make_program` was given it
+  (`factory_identity`: its module and qualified name and its arguments, defaults
+  filled in -- a `functools.partial`'s function and arguments, a dataclass factory's
+  fields; a value that is not plain data by its type only), recorded the same way
+  for a launcher's run and a program composed in Python; `env` and `env_args` (the
+  registry name, game, level, scenario, `--env_config`) where a launcher named them
+  (a composed program has no name: None, and then only `env_factory` says which env);
+  and `env_spec` (observation shape and dtype, actions). Fields that only change how
+  envs are stepped, not which envs (the engine, its threads: a dataclass factory's
+  fields with `metadata={'run_identity': False}`), are left out.
 - `seed`: a seed sweep's runs differ only by it.
 Not compared: budgets and targets (a resume may extend them; but PPO with
 `anneal_to_budget` derives its learning-rate decay steps from `--max_env_steps`, so a
@@ -27,19 +36,41 @@ resume with another budget changes `agent_config.learning_rate_decay_steps` and 
 refused unless that field is allowed to change), the number of actors and
 envs per actor (server-side per-env state is rebuilt at every start and not
 checkpointed), evaluation, batching, devices, transport, intervals.
+
+Nothing passes unless both sides say it is the same. On ce34d39 three resumes went on
+as another run: a composed program resumed Pong as Breakout (the env left out, the
+specs equal), a checkpoint without `run_config.json` adopted whatever config came,
+and a field only one side had was skipped. Now a field only one side has is a
+difference (`saved <missing>`: a config saved by code older than the field), a
+checkpoint without a saved config is refused unless `--allow_config_change '*'`
+says to adopt this run's, and `--allow_config_change game` no longer allows
+`env_args.game` (nor any other field named `game`): only the path it names.
 """
 
 import dataclasses
+import functools
+import inspect
 import json
+import numbers
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from seedacme.run import logdir as logdir_lib
 from seedacme.run.logdir import is_local  # noqa: F401  (launchers check local logdirs)
 
 CHECKPOINTS = 'checkpoints'  # the central node's checkpoint directory in the logdir
 RUN_CONFIG = 'run_config.json'
-_NESTED = ('agent_config', 'env_args', 'env_spec')
+ANY_FIELD = '*'  # `--allow_config_change '*'`: any difference, a missing config too
+
+
+class _Missing:
+  """A field the config of one side does not have."""
+
+  def __repr__(self) -> str:
+    return '<missing>'
+
+
+MISSING = _Missing()
 
 
 class RunConfigMismatchError(RuntimeError):
@@ -53,6 +84,71 @@ def _jsonable(value: Any) -> Any:
   return json.loads(json.dumps(value, default=repr))
 
 
+def _qualified(obj: Any) -> str:
+  return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _plain(value: Any) -> Any:
+  """`value` as plain data: numbers, strings, lists, dicts; a callable by its identity;
+  anything else by its type (never a repr with an address: it would differ per run)."""
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, numbers.Integral):
+    return int(value)
+  if isinstance(value, numbers.Real):
+    return float(value)
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+    return {k: _plain(v) for k, v in value.items()}
+  if callable(value):
+    return factory_identity(value)
+  if dataclasses.is_dataclass(value):
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  return f'<{_qualified(type(value))} object>'
+
+
+def _arguments(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+  """The arguments a call of `func` gets besides the seed, by name, defaults filled."""
+  try:
+    signature = inspect.signature(func)
+    bound = signature.bind_partial(*args, **kwargs)
+  except (TypeError, ValueError):  # no signature, or not one these arguments fit
+    return {**{str(i): _plain(a) for i, a in enumerate(args)},
+            **{k: _plain(v) for k, v in kwargs.items()}}
+  bound.apply_defaults()
+  named = {}
+  for name, value in bound.arguments.items():
+    kind = signature.parameters[name].kind
+    if kind is inspect.Parameter.VAR_KEYWORD:
+      named.update({k: _plain(v) for k, v in value.items()})
+    elif kind is not inspect.Parameter.VAR_POSITIONAL or value:
+      named[name] = _plain(value)
+  return named
+
+
+def factory_identity(factory: Any) -> Dict[str, Any] | None:
+  """Which envs `factory(seed)` makes: {'factory': module.qualname, 'args': {...}}.
+
+  A `functools.partial`: its function and arguments; a dataclass instance (e.g.
+  `AtariFactory`): its class and fields, but for those marked
+  `metadata={'run_identity': False}`; a function or class: itself and its defaults;
+  another callable object: its class."""
+  if factory is None:
+    return None
+  if isinstance(factory, functools.partial):
+    return {'factory': _qualified(factory.func),
+            'args': _arguments(factory.func, factory.args, factory.keywords)}
+  if dataclasses.is_dataclass(factory) and not isinstance(factory, type):
+    return {'factory': _qualified(type(factory)),
+            'args': {f.name: _plain(getattr(factory, f.name))
+                     for f in dataclasses.fields(factory)
+                     if f.metadata.get('run_identity', True)}}
+  if inspect.isfunction(factory) or inspect.isclass(factory):
+    return {'factory': _qualified(factory), 'args': _arguments(factory, (), {})}
+  return {'factory': _qualified(type(factory)), 'args': {}}
+
+
 def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
   """The fields that make a run this run (module docstring), JSON-ready."""
   agent_config = getattr(builder, 'config', None)
@@ -62,54 +158,79 @@ def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
                       if dataclasses.is_dataclass(agent_config) else {},
       'env': config.env_name,
       'env_args': dict(config.env_args) if config.env_name is not None else None,
+      'env_factory': config.env_factory_identity,
       'env_spec': dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else repr(spec),
       'seed': config.seed,
   })
 
 
-def _flatten(identity: Dict[str, Any]) -> Dict[str, Any]:
-  flat = {}
-  for key, value in identity.items():
-    if key in _NESTED and isinstance(value, dict):
-      flat.update({f'{key}.{k}': v for k, v in value.items()})
+def _pairs(old: Any, new: Any, prefix: str = '') -> Iterator[Tuple[str, Any, Any]]:
+  """(path, saved, current) of every field, nested dicts by their dotted path; a field
+  one side lacks is MISSING there (a whole group it lacks: the group, once)."""
+  for key in sorted(old.keys() | new.keys()):
+    a, b = old.get(key, MISSING), new.get(key, MISSING)
+    if isinstance(a, dict) and isinstance(b, dict):
+      yield from _pairs(a, b, f'{prefix}{key}.')
     else:
-      flat[key] = value
-  return flat
+      yield f'{prefix}{key}', a, b
+
+
+def _composed(identity: Dict[str, Any]) -> bool:
+  return 'env' in identity and identity['env'] is None
+
+
+def _comparable(saved: Dict[str, Any], current: Dict[str, Any]
+                ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """Both sides without the launcher's env name and arguments when only one of them
+  has them (a composed program's run against a launcher's): `env_factory`, which
+  both record, says which env."""
+  if _composed(saved) == _composed(current):
+    return saved, current
+  strip = lambda d: {k: v for k, v in d.items() if k not in ('env', 'env_args')}
+  return strip(saved), strip(current)
 
 
 def differences(saved: Dict[str, Any], current: Dict[str, Any]
                 ) -> List[Tuple[str, Any, Any]]:
-  """(field, saved value, current value) of every field both name and set differently.
+  """(field path, saved value, current value) of every field the two set differently,
+  a field only one side has included (MISSING on the other)."""
+  return [(k, a, b) for k, a, b in _pairs(*_comparable(saved, current)) if a != b]
 
-  A field only one side has (added or removed by a code change) is not a difference;
-  nor is the env's name where one side did not record it (a program composed in
-  Python): its spec is still compared."""
-  old, new = _flatten(saved), _flatten(current)
-  if saved.get('env') is None or current.get('env') is None:
-    for flat in (old, new):
-      for key in [k for k in flat if k == 'env' or k.startswith('env_args')]:
-        del flat[key]
-  return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+
+def _paths(saved: Dict[str, Any], current: Dict[str, Any]) -> set:
+  """Every field path either side has, groups included."""
+  paths = set()
+  for path, _, _ in _pairs(saved, current):
+    parts = path.split('.')
+    paths.update('.'.join(parts[:i]) for i in range(1, len(parts) + 1))
+  return paths
 
 
 def _allowed(field: str, allowed: Sequence[str]) -> bool:
-  return field in allowed or field.rsplit('.', 1)[-1] in allowed
+  return field in allowed or ANY_FIELD in allowed
 
 
 def compare(saved: Dict[str, Any], current: Dict[str, Any], allowed: Sequence[str] = (),
             where: str = 'this logdir') -> List[Tuple[str, Any, Any]]:
   """The differences `allowed` lets through; raises `RunConfigMismatchError` naming
-  the others."""
+  the others and the exact `--allow_config_change` that would let them through."""
   diffs = differences(saved, current)
   refused = [d for d in diffs if not _allowed(d[0], allowed)]
   if refused:
     fields = '; '.join(f'{k}: saved {a!r}, now {b!r}' for k, a, b in refused)
-    names = ','.join(k.rsplit('.', 1)[-1] if k.startswith('agent_config.') else k
-                     for k, _, _ in refused)
+    names = ','.join(k for k, _, _ in refused)
+    notes = ''
+    if any(MISSING in (a, b) for _, a, b in refused):
+      notes += (' (<missing>: that side\'s config has no such field -- a config saved '
+                'by code older than the field, or a field since removed)')
+    unknown = [a for a in allowed if a != ANY_FIELD and a not in _paths(saved, current)]
+    if unknown:
+      notes += (f'; --allow_config_change {",".join(unknown)} names no field: it takes '
+                'fields by their full path, as listed here')
     raise RunConfigMismatchError(
         f'refusing to resume {where}: its checkpoint belongs to a run with another '
-        f'config ({fields}). Rerun with the saved config, use another --logdir, or, '
-        f'for a change the checkpoint can take, --allow_config_change {names}')
+        f'config ({fields}){notes}. Rerun with the saved config, use another --logdir, '
+        f'or, for a change the checkpoint can take, --allow_config_change {names}')
   return diffs
 
 
@@ -123,11 +244,18 @@ def read_saved(directory: str) -> Dict[str, Any] | None:
   return None if saved is None else saved['config']
 
 
+def change_record(learner_step: int, changes: List[Tuple[str, Any, Any]]) -> Dict[str, Any]:
+  """The file's record of an allowed change (a MISSING side as '<missing>')."""
+  value = lambda v: repr(v) if v is MISSING else v
+  return {'learner_step': learner_step,
+          'fields': {k: [value(a), value(b)] for k, a, b in changes}}
+
+
 def save(directory: str, identity: Dict[str, Any],
          change: Dict[str, Any] | None = None, fresh: bool = False) -> None:
   """Writes the run config beside the checkpoints (by rename); `change` (an allowed
-  change on resume) is appended to the file's record of changes (`fresh`: a new run,
-  whatever an older file recorded)."""
+  change on resume, `change_record`) is appended to the file's record of changes
+  (`fresh`: a new run, whatever an older file recorded)."""
   path = config_path(directory)
   previous = {} if fresh else logdir_lib.read_json(path) or {}
   changes = list(previous.get('changes', [])) + ([change] if change else [])
@@ -143,11 +271,20 @@ def has_checkpoint(directory: str) -> bool:
 def check_resume(directory: str, identity: Dict[str, Any],
                  allowed: Sequence[str] = ()) -> List[Tuple[str, Any, Any]]:
   """Before a start on checkpoint directory `directory`: the allowed differences from
-  the saved config ([] for a fresh start or a checkpoint saved without one); raises
-  `RunConfigMismatchError` for the others."""
+  the saved config ([] for a fresh start); raises `RunConfigMismatchError` for the
+  others, and for a checkpoint saved without a config unless `allowed` has
+  `ANY_FIELD` (then every field is a difference from MISSING)."""
   if not has_checkpoint(directory):
     return []
+  where = os.path.dirname(directory) or directory
   saved = read_saved(directory)
   if saved is None:
-    return []
-  return compare(saved, identity, allowed, where=os.path.dirname(directory) or directory)
+    if ANY_FIELD not in allowed:
+      raise RunConfigMismatchError(
+          f'refusing to resume {where}: its checkpoint has no saved run config '
+          f'({config_path(directory)} is missing: saved by code older than run configs, '
+          'or removed), so nothing says it is the run asked for. Use another --logdir, '
+          "or resume it as this run with --allow_config_change '*' (this run's config "
+          'is saved from then on)')
+    return differences({}, identity)
+  return compare(saved, identity, allowed, where=where)

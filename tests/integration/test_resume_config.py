@@ -51,8 +51,8 @@ def test_a_checkpoint_that_does_not_match_stops_the_program_without_restarts(tmp
                    {'learner_steps': 0, 'env_steps': 0, 'episodes': 0})
 
   forced = Run(COMMAND + ['--max_seconds', '6', '--agent_config', 'core=lstm',
-                          '--allow_config_change', 'core'], str(tmp_path / 'forced'),
-               logdir=logdir)
+                          '--allow_config_change', 'agent_config.core'],
+               str(tmp_path / 'forced'), logdir=logdir)
   code = forced.wait(120)
   assert not forced.wait_for_no_leftovers()
   assert code != 0, forced.output[-3000:]

@@ -2,8 +2,9 @@
 
 A run longer than a session goes on in a later checkout only from what is in git; the
 kept folder must restore the learner exactly where the newest checkpoint was (weights
-and counters), must not carry older checkpoints, the replay or node logs, and a resumed
-run must go on saving into it. Bazel ships bench/keep_run.py with the unit tests (BUILD,
+and counters) and keep the run's saved config (a resume without it is refused), must not
+carry older checkpoints, the replay or node logs, and a resumed run must go on saving
+into it. Bazel ships bench/keep_run.py with the unit tests (BUILD,
 `unit_test_support`); a tree without it skips.
 """
 
@@ -26,11 +27,14 @@ keep_run = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(keep_run)
 
 
+IDENTITY = {'agent': 'vtrace', 'agent_config': {'core': 'lstm'}, 'seed': 0}
+
+
 def _run_logdir(root):
   """A logdir as a run leaves it: records, 3 checkpoints, replay checkpoints, node logs."""
   logdir = root / 'run'
   weights = tf.Variable(np.zeros(5, np.float32))
-  ckpt = Checkpointer(str(logdir / 'checkpoints'), {'weights': weights})
+  ckpt = Checkpointer(str(logdir / 'checkpoints'), {'weights': weights}, identity=IDENTITY)
   for step in (10, 20, 30):
     weights.assign(np.full(5, step, np.float32))
     ckpt.save({'learner_steps': step, 'env_steps': 100 * step, 'episodes': step // 10})
@@ -49,13 +53,13 @@ def test_kept_run_resumes_from_its_newest_checkpoint(tmp_path):
   assert sorted(os.listdir(dest)) == ['checkpoints', 'progress.jsonl', 'summary.json',
                                       'tensorboard']
   assert sorted(os.listdir(dest / 'checkpoints')) == [
-      'checkpoint', 'ckpt-3.data-00000-of-00001', 'ckpt-3.index']
+      'checkpoint', 'ckpt-3.data-00000-of-00001', 'ckpt-3.index', 'run_config.json']
   assert copied == sum(os.path.getsize(os.path.join(d, f))
                        for d, _, files in os.walk(dest) for f in files
                        if f != 'checkpoint')
 
   weights = tf.Variable(np.zeros(5, np.float32))
-  resumed = Checkpointer(str(dest / 'checkpoints'), {'weights': weights})
+  resumed = Checkpointer(str(dest / 'checkpoints'), {'weights': weights}, identity=IDENTITY)
   assert resumed.restore() == {'learner_steps': 30, 'env_steps': 3000, 'episodes': 3}
   np.testing.assert_array_equal(weights.numpy(), np.full(5, 30, np.float32))
   resumed.save({'learner_steps': 31})  # the resumed run goes on saving there

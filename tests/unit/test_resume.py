@@ -113,7 +113,8 @@ def test_an_allowed_change_resumes_and_is_recorded_and_an_incompatible_one_still
   with pytest.raises(RuntimeError, match='learning_rate'):
     _Node(_agent(learning_rate=3e-4), _config(logdir, max_learner_steps=50))
   node = _Node(_agent(learning_rate=3e-4),
-               _config(logdir, max_learner_steps=50, allow_config_change=('learning_rate',)))
+               _config(logdir, max_learner_steps=50,
+                       allow_config_change=('agent_config.learning_rate',)))
   try:
     assert node.central.resumed_from == trained[1]['learner_steps']
   finally:
@@ -124,7 +125,7 @@ def test_an_allowed_change_resumes_and_is_recorded_and_an_incompatible_one_still
   # Allowing a change of network does not make the checkpoint fit it.
   with pytest.raises(RuntimeError, match='does not match this program'):
     _Node(_agent(core='lstm', learning_rate=3e-4),
-          _config(logdir, max_learner_steps=50, allow_config_change=('core',)))
+          _config(logdir, max_learner_steps=50, allow_config_change=('agent_config.core',)))
 
 
 def test_budgets_and_actor_counts_are_not_differences(trained, tmp_path):
