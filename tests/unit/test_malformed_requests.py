@@ -13,6 +13,7 @@ from seedacme import envs
 from seedacme.wire.protocol import SERVER_ERROR_MARKER, InvalidRequestError, as_refusal
 from seedacme.serving.server import InferenceServer
 from seedacme.serving.policy import PolicyStep, StatelessPolicy
+from seedacme.wire import courier_guard
 from seedacme.wire.protocol import make_request
 
 SPEC = envs.EnvSpec((3, 2), 'float32', 4)
@@ -31,8 +32,18 @@ class _Service:
                                   max_batch_envs=8, batch_timeout_s=0.002,
                                   max_request_envs=8)
 
+  def step(self, request):  # seedacme's Courier wire, as the central node serves it
+    return courier_guard.plain(self.server.step(courier_guard.accept(request, 'step')))
+
+
+class _Client:
+  """A Courier client on seedacme's wire (`plain` out, `accept` back), as actors are."""
+
+  def __init__(self, address):
+    self._client = courier.Client(address)
+
   def step(self, request):
-    return self.server.step(request)
+    return courier_guard.accept(self._client.step(courier_guard.plain(request)), 'reply')
 
 
 @pytest.fixture(scope='module')
@@ -88,7 +99,7 @@ EXPECTED = {
 @pytest.mark.parametrize('name', sorted(BAD_REQUESTS))
 def test_each_malformed_request_gets_a_named_error(service, name):
   _, address = service
-  client = courier.Client(address)
+  client = _Client(address)
   with pytest.raises(Exception) as error:
     client.step(BAD_REQUESTS[name]())
   message = str(error.value)
@@ -109,7 +120,7 @@ def test_fuzz_bad_requests_while_good_actors_are_served(service):
   wrong = []
 
   def good_actor(i):
-    client = courier.Client(address)
+    client = _Client(address)
     ids = [4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3]
     while not stop.is_set():
       hot = served[i] % 4
@@ -121,7 +132,7 @@ def test_fuzz_bad_requests_while_good_actors_are_served(service):
   actors = [threading.Thread(target=good_actor, args=(i,)) for i in (0, 1)]
   for t in actors:
     t.start()
-  bad_client = courier.Client(address)
+  bad_client = _Client(address)
   refused_before = svc.server.requests_refused
   errors = 0
   names = sorted(BAD_REQUESTS)
