@@ -1,5 +1,5 @@
 """Courier rebuilds one name in a seedacme process: a peer's payload cannot run code,
-and no message can make the deserializer fail.
+and no message Courier's client can send makes the deserializer fail.
 
 Courier 0.5 turns a value it does not know natively (anything but None, bools, numbers,
 strings, bytes, lists, tuples and dicts) into a "reduced object": the module and name
@@ -18,10 +18,15 @@ and inside, this guard leaves Courier nothing to rebuild.
   Courier's native types: an array of numbers or bools as `(_ARRAY_TAG, dtype, shape,
   bytes)`, other arrays and sets as lists, numpy scalars as Python numbers; `accept`
   on the other side turns the arrays back (a numeric dtype from a fixed table, a shape
-  whose bytes match) and refuses anything else by name. Recorded before this change
-  (a probe server logging every name Courier imported): seedacme's traffic made Courier
-  rebuild numpy's `_reconstruct`, `ndarray`, `dtype` and `scalar` (Courier pickles
-  arrays; it does not send them as tensors) and nothing else; with `plain`, nothing.
+  whose bytes match) and refuses anything else by name. Recorded before `plain`: seedacme's
+  traffic made Courier rebuild numpy's `_reconstruct`, `ndarray`, `dtype` and `scalar`
+  (Courier 0.5 pickles arrays and numpy scalars) and nothing else. Recorded with it
+  (`SEEDACME_COURIER_RECORD=<file>` appends each name Courier asks a guarded process
+  for, allowed or refused, server or client side): 30 s runs of vtrace (default
+  transport, `--transport courier`, `--inference actor`), r2d2 and ppo on cartpole and
+  sac on InvertedPendulum, every node: no name at all; a handler that raises (the
+  central node refusing a request, `test_courier_guard.py`): `traceback.format_exception`
+  on the server side, asked again at each error.
 * **One name passes, wrapped.** Courier's server formats a handler's exception with
   `traceback.format_exception`, which it imports the same way; that is the allow-list
   (`ALLOWED`). It is handed over as a function that cannot fail (an exception gives the
@@ -42,6 +47,17 @@ and inside, this guard leaves Courier nothing to rebuild.
   instead would reach the caller as Courier's anonymous "ToUtilStatus failure." and
   leave the Python error set on the handler thread; with the stand-in the message
   completes and `accept`/`check` raise `RefusedPayloadError` naming what was sent.
+  Courier caches what it got for a name for the life of the process (its key and our
+  stand-in): a peer sending distinct names grows the process by each name's length
+  (measured: 2,000 refused 4,000-char names, +9.1 KB a name before, +4.9 KB now that
+  the stand-in keeps 120 characters and 64 names are logged at most).
+* **What no guard here can stop.** A CallRequest written by hand rather than by
+  Courier's client ends the process in Courier's C++ before any Python runs (SIGSEGV,
+  measured): a reduced object whose arguments are not a tuple (any name: the call
+  fails, its NULL result is used), a dict with more keys than values, key/value
+  pairs that are not a list followed by another reduced object (the error left set
+  fails the next call). Only not letting a stranger's bytes reach Courier helps: the
+  TLS endpoint between hosts, loopback in a private namespace on one.
 
 The central node's methods (`seedacme.nodes.service`, or `served` for any handler) and
 actors' replies (`seedacme.actor.transport`) go through `accept`/`plain`. A plain
@@ -51,13 +67,14 @@ a reduced object now. Cost (timeit, K=16 Catch request, load ~9 on 2 cores): `pl
 `np.prod` per array, took 181 us); an `import` statement anywhere in the process goes
 through one Python call (+0.16 us, timeit).
 
-Why ~390 lines: two halves that must agree and sit together -- the wire (`plain`,
+Why ~450 lines: two halves that must agree and sit together -- the wire (`plain`,
 `accept`, the array table) and the import gate with its stand-ins -- each small, plus
 the reasons above, which are the part a reader needs.
 """
 
 import builtins
 import importlib
+import os
 import sys
 import threading
 import types
@@ -226,12 +243,40 @@ _real_import = None
 _refused_logged = set()
 # Files whose frames call Courier's client (its own; `courier_futures`'s pool threads).
 _courier_client_files = frozenset()
+# Courier caches each name it rebuilt for the life of the process, so a peer can add
+# one entry per distinct name it sends: what the guard keeps per name is bounded.
+_MAX_NAME_CHARS = 120
+_MAX_LOGGED = 64
+RECORD_VAR = 'SEEDACME_COURIER_RECORD'
+_record_path = None
+
+
+def _record(name: str, attr: str, allowed: bool) -> None:
+  """Appends one line to `$SEEDACME_COURIER_RECORD` (the recording mode that measured
+  `ALLOWED`): the name, allowed or refused, which side asked (a server thread has no
+  Python frame; a client call does), the pid and the program. Never raises."""
+  try:
+    side = 'client' if sys._getframe(2) else 'server'  # 2: who read the attribute
+  except ValueError:
+    side = 'server'
+  line = '\t'.join((f'{name}.{attr}', 'allowed' if allowed else 'refused', side,
+                    str(os.getpid()), ' '.join(sys.argv)[:200])) + '\n'
+  try:
+    fd = os.open(_record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+      os.write(fd, line.encode('utf-8', 'backslashreplace'))
+    finally:
+      os.close(fd)
+  except OSError:
+    pass
 
 
 def _refuse(what: str) -> _StandIn:
-  if what not in _refused_logged:
+  what = what if len(what) <= _MAX_NAME_CHARS else what[:_MAX_NAME_CHARS] + '...'
+  if len(_refused_logged) < _MAX_LOGGED and what not in _refused_logged:
     _refused_logged.add(what)
-    logging.warning('seedacme: %s', _message(what))
+    logging.warning('seedacme: %s%s', _message(what), '' if len(_refused_logged) <
+                    _MAX_LOGGED else ' (further refused names are not logged)')
   return _StandIn(what)
 
 
@@ -348,7 +393,10 @@ class _Gate(types.ModuleType):
     if threading.get_ident() != thread and caller is not None and \
         caller.f_code.co_filename not in _courier_client_files:
       return getattr(module or importlib.import_module(name), attr)
-    if module is None or (name, attr) not in ALLOWED:
+    allowed = module is not None and (name, attr) in ALLOWED
+    if _record_path:
+      _record(name, attr, allowed)
+    if not allowed:
       return _refuse(f'{name}.{attr}')
     return _safe_for(name, attr)
 
@@ -380,10 +428,11 @@ def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # p
 def install() -> None:
   """Puts the guard in place for this process (idempotent). Call before the first
   Courier server or client of the process is used."""
-  global _real_import, _courier_client_files
+  global _real_import, _courier_client_files, _record_path
   with _lock:
     if _real_import is not None:
       return
+    _record_path = os.environ.get(RECORD_VAR) or None
     from courier.python import client as courier_client  # pylint: disable=g-import-not-at-top
     # Courier's futures would end this process on some replies (`courier_futures`).
     courier_futures.install()
