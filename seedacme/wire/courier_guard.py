@@ -56,8 +56,10 @@ and inside, this guard leaves Courier nothing to rebuild.
   measured): a reduced object whose arguments are not a tuple (any name: the call
   fails, its NULL result is used), a dict with more keys than values, key/value
   pairs that are not a list followed by another reduced object (the error left set
-  fails the next call). Only not letting a stranger's bytes reach Courier helps: the
-  TLS endpoint between hosts, loopback in a private namespace on one.
+  fails the next call). Any tensor value holds a server thread for ever (it waits in
+  `CreateTensorLookup`), and is built at the shape it names (30 bytes, 512 MB). Only
+  not letting a stranger's bytes reach Courier helps: the TLS endpoint between hosts,
+  loopback in a private namespace on one (`tests/unit/test_courier_raw_messages.py`).
 
 The central node's methods (`seedacme.nodes.service`, or `served` for any handler) and
 actors' replies (`seedacme.actor.transport`) go through `accept`/`plain`. A plain
