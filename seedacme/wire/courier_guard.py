@@ -38,8 +38,9 @@ and inside, this guard leaves Courier nothing to rebuild.
   Courier makes it (no Python frame on the thread: a server thread; or Courier's own
   `client.py`, or `courier_futures`, whose threads make a client's `futures` calls:
   on Courier's async path some replies abort the process) imports no module that no allowed
-  name lives in, and puts a one-shot gate in `sys.modules[name]` for the attribute read
-  that follows -- for any entry there, module or not (Python 3.10 keeps classes in
+  name lives in, and puts a gate in `sys.modules[name]` for the attribute read that
+  follows, until every Courier import that got it has made its read -- for any entry
+  there, module or not (Python 3.10 keeps classes in
   `sys.modules`: `typing.io`; issue 47 reached `exec` through one). A name not allowed
   gets an inert stand-in that Courier calls and rebuilds as a `RefusedPayload`; a gate
   another thread catches in its window answers a Python import statement there with the
@@ -241,6 +242,7 @@ def _message(what: str) -> str:
 
 
 _lock = threading.Lock()
+_gate_lock = threading.RLock()  # a gate's state and its place in sys.modules
 _real_import = None
 _refused_logged = set()
 # Files whose frames call Courier's client (its own; `courier_futures`'s pool threads).
@@ -374,26 +376,34 @@ def check(value, where: str) -> None:
 
 
 class _Gate(types.ModuleType):
-  """Stands in `sys.modules[name]` for the one attribute read Courier makes next, on
-  the thread that armed it; `module` is None when the module was never imported."""
+  """Stands in `sys.modules[name]` until each Courier import that returned it has made
+  its one attribute read (`PyImport_Import` reads `sys.modules` again after the hook
+  returns: a gate one thread put back while another was in that window would hand the
+  second the real module); `module` is None when the module was never imported."""
 
   def __init__(self, name: str, module: types.ModuleType | None, thread: int):
     super().__init__(name)
-    object.__setattr__(self, '_seedacme_gate', (name, module, thread))
+    # name, module, the arming thread, Courier reads still to come
+    object.__setattr__(self, '_seedacme_gate', [name, module, thread, 1])
 
   def __getattribute__(self, attr: str):
-    name, module, thread = object.__getattribute__(self, '_seedacme_gate')
-    if sys.modules.get(name) is self:
-      if module is None:
-        del sys.modules[name]
-      else:
-        sys.modules[name] = module
+    state = object.__getattribute__(self, '_seedacme_gate')
+    name, module, thread, _ = state
     # Another thread caught the gate in its window: a Python import statement there
     # gets the real attribute; Courier's deserializer on another thread (no Python
     # frame above this one, or Courier's client module) is held to the allow-list.
     caller = sys._getframe(1) if sys._getframe(0).f_back is not None else None
-    if threading.get_ident() != thread and caller is not None and \
-        caller.f_code.co_filename not in _courier_client_files:
+    courier = (threading.get_ident() == thread or caller is None
+               or caller.f_code.co_filename in _courier_client_files)
+    with _gate_lock:
+      if courier:
+        state[3] -= 1
+      if state[3] <= 0 and sys.modules.get(name) is self:
+        if module is None:
+          del sys.modules[name]
+        else:
+          sys.modules[name] = module
+    if not courier:
       return getattr(module or importlib.import_module(name), attr)
     allowed = module is not None and (name, attr) in ALLOWED
     if _record_path:
@@ -418,12 +428,14 @@ def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # p
       and _from_courier()):
     if name in _ALLOWED_MODULES:
       _real_import(name, globals, locals, fromlist, level)
-    module = sys.modules.get(name)
-    if isinstance(module, _Gate):
-      return module
-    # Any entry, module or not (Python 3.10 keeps classes there: `typing.io`), is gated.
-    sys.modules[name] = gate = _Gate(name, module, threading.get_ident())
-    return gate
+    with _gate_lock:
+      module = sys.modules.get(name)
+      if isinstance(module, _Gate):  # armed by another thread: one more read to come
+        object.__getattribute__(module, '_seedacme_gate')[3] += 1
+        return module
+      # Any entry, module or not (Python 3.10 keeps classes there: `typing.io`), is gated.
+      sys.modules[name] = gate = _Gate(name, module, threading.get_ident())
+      return gate
   return _real_import(name, globals, locals, fromlist, level)
 
 
