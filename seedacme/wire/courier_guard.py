@@ -103,14 +103,10 @@ class RefusedType(RefusedPayloadError, ImportError):
   """Raised when code touches a `RefusedPayload` (a refused object's stand-in)."""
 
 
-class RefusedPayload:
-  """What a refused object is rebuilt as: inert, names what was sent. Courier's own
-  rebuilding steps (`__setstate__`, `extend`, item assignment) are no-ops; anything
-  else raises `RefusedType`."""
-  __slots__ = ('what',)
-
-  def __init__(self, what: str):
-    object.__setattr__(self, 'what', what)
+class _Inert:
+  """Courier's rebuilding steps after the call (`__setstate__`, `extend`, item
+  assignment), as no-ops: on what the guard hands back they cannot fail."""
+  __slots__ = ()
 
   def __setstate__(self, state) -> None:
     del state
@@ -120,6 +116,15 @@ class RefusedPayload:
 
   def __setitem__(self, key, value) -> None:
     del key, value
+
+
+class RefusedPayload(_Inert):
+  """What a refused object is rebuilt as: inert (`_Inert`), names what was sent;
+  anything else raises `RefusedType`."""
+  __slots__ = ('what',)
+
+  def __init__(self, what: str):
+    object.__setattr__(self, 'what', what)
 
   def __getattr__(self, name: str):
     raise RefusedType(_message(object.__getattribute__(self, 'what')))
@@ -140,18 +145,9 @@ class _StandIn:
     return RefusedPayload(self.what)
 
 
-class _Lines(list):
+class _Lines(_Inert, list):
   """What the wrapped `format_exception` returns: a list of strings on which Courier's
-  rebuilding steps (`__setstate__`, `extend`, item assignment) cannot fail."""
-
-  def __setstate__(self, state) -> None:
-    del state
-
-  def extend(self, items) -> None:
-    del items
-
-  def __setitem__(self, key, value) -> None:
-    del key, value
+  rebuilding steps cannot fail (`_Inert`)."""
 
   __hash__ = object.__hash__  # usable as a dict key a payload puts it in
 
