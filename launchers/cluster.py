@@ -41,8 +41,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog='launchers/cluster', description=__doc__.split('\n')[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_program_args(p, envs_per_actor=32, max_seconds=24 * 3600.0,
-                   logdir_help='one directory every host sees at the same path (NFS) or a '
-                   'gs:// bucket; required except with --dry_run',
+                   logdir_help='one directory every host sees at the same path (NFS), or a '
+                   'gs:// bucket with --network host; required except with --dry_run',
                    standby_restarts=True)
   p.add_argument('--cluster_spec', default=None,
                  help='JSON (or @file) of every replica\'s host:port per node group: '
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--tls_dir', default=None,
                  help='this host\'s own credentials: ca.pem plus cert.pem and key.pem '
                  '(or ca.key to issue them from); default: a CA made for the run in '
-                 '<logdir>/tls (required for a gs:// logdir)')
+                 '<logdir>/tls')
   p.add_argument('--allow_public_addresses', action='store_true',
                  help='with --network host: accept cluster spec addresses outside '
                  'loopback and private ranges (refused by default: ' + EXPOSURE + ')')
@@ -207,6 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   if hosts and args.network == 'host':
     print(f'cluster: --network host: {EXPOSURE}' +
           (' (public addresses allowed by flag)' if exposed else ''), file=sys.stderr)
+  if args.network == 'isolated' and '://' in logdir:
+    # Isolated replicas reach loopback and the run's peers only (the TLS tunnel): a
+    # bucket is out of their reach, and a first checkpoint would fail minutes in.
+    print(f'cluster: --network isolated cannot use the logdir {logdir}: its replicas reach '
+          'only loopback and the run\'s hosts, not a bucket. Use a shared filesystem path '
+          '(NFS), or --network host on a private network', file=sys.stderr)
+    return 2
   if not args.dry_run and args.network == 'isolated':
     from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
     problem = tls_tunnel.namespace_problem()
@@ -214,10 +221,6 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f'cluster: cannot make a private network namespace ({problem}), so every '
             f'replica would listen on every interface: {EXPOSURE}. Refusing to start; '
             '--network host runs exposed anyway (on a private network or VPN)',
-            file=sys.stderr)
-      return 2
-    if '://' in logdir and not args.tls_dir:
-      print('cluster: a gs:// logdir needs --tls_dir (keys are not written to a bucket)',
             file=sys.stderr)
       return 2
 

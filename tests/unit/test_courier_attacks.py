@@ -29,7 +29,7 @@ import courier
 import portpicker
 import pytest
 
-from tests.unit import test_courier_fuzz as fuzz
+from tests.unit import courier_fuzzing as fuzz
 
 REPO = fuzz.REPO
 
@@ -60,7 +60,7 @@ _SEND = '''
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import courier, numpy as np
-from tests.unit.test_courier_fuzz import Reduced
+from tests.unit.courier_fuzzing import Reduced
 client = courier.Client(sys.argv[2], call_timeout=10)
 attacks = {
     'typing.io': Reduced('typing.io', '__class__', ('X', (), {})),
@@ -130,7 +130,7 @@ _HOSTILE = '''
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import courier
-from tests.unit.test_courier_fuzz import Reduced
+from tests.unit.courier_fuzzing import Reduced
 server = courier.Server(port=int(sys.argv[2]))
 server.Bind('step', lambda *a: Reduced('typing.io', '__class__', ('X', (), {})))
 server.Bind('echo', lambda x: x)
@@ -165,7 +165,7 @@ _ABORTING = '''
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import courier
-from tests.unit.test_courier_fuzz import Reduced
+from tests.unit.courier_fuzzing import Reduced
 deep = 1
 for _ in range(60):
   deep = [deep]

@@ -29,7 +29,7 @@ import sys
 import portpicker
 import pytest
 
-from tests.unit import test_courier_fuzz as fuzz
+from tests.unit import courier_fuzzing as fuzz
 
 REPO = fuzz.REPO
 
@@ -269,7 +269,7 @@ _NAMES = '''
 import sys
 sys.path.insert(0, sys.argv[1])
 import courier
-from tests.unit.test_courier_fuzz import Reduced
+from tests.unit.courier_fuzzing import Reduced
 client = courier.Client(sys.argv[2], call_timeout=10)
 for i in range(int(sys.argv[4])):
   try:

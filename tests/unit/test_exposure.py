@@ -103,3 +103,12 @@ def test_host_names_are_checked_by_what_they_resolve_to():
   spec = {'learner': ['gpu-host:7000'], 'actor': ['web:7001', 'gone:7002']}
   assert cluster.public_addresses(spec, resolve=names.__getitem__) == [
       'web:7001 (10.0.0.9, 203.0.113.7)', 'gone:7002 (does not resolve)']
+
+
+def test_isolated_replicas_refuse_a_bucket_logdir(capsys):
+  """Isolated replicas reach loopback and the run's hosts only: a gs:// logdir would fail
+  at the first checkpoint, minutes in; the launcher says so before starting."""
+  args = ['catch', 'vtrace', '1', '--dry_run', '--logdir', 'gs://bucket/run']
+  assert cluster.main(args) == 2
+  assert '--network isolated cannot use the logdir gs://bucket/run' in capsys.readouterr().err
+  assert cluster.main(args + ['--network', 'host']) == 0
