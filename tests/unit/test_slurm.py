@@ -127,6 +127,7 @@ def test_a_sweep_is_one_job_per_seed_in_its_own_logdir(capsys):
     (['--logdir', '/x', '--cluster_spec', '{}'], 'set by the Slurm launcher'),
     (['--logdir', '/x', '--seeds', '3-1'], 'runs backwards'),
     (['--logdir', '/x', '--actor_nodes', '2', '--actor_tasks', '1'], '--actor_nodes'),
+    (['--logdir', 'gs://b/run'], 'cannot reach a bucket'),
 ])
 def test_refused_flags_name_the_problem(flags, error, capsys):
   with pytest.raises(SystemExit) as e:
@@ -135,8 +136,9 @@ def test_refused_flags_name_the_problem(flags, error, capsys):
   assert error in capsys.readouterr().err
 
 
-def test_a_bucket_logdir_is_accepted(capsys):
-  assert slurm.main(['catch', 'vtrace', '2', '--logdir', 'gs://b/run', '--dry_run']) == 0
+def test_a_bucket_logdir_is_accepted_on_the_host_network(capsys):
+  assert slurm.main(['catch', 'vtrace', '2', '--logdir', 'gs://b/run', '--network', 'host',
+                     '--dry_run']) == 0
   assert '--logdir gs://b/run' in capsys.readouterr().out
 
 
