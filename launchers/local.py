@@ -5,6 +5,8 @@ node as a local process (`local_mp`), shows one progress line per record the cen
 node writes, and prints a final summary when the budget is reached. Ctrl-C stops every
 node cleanly. All node logs go to `<logdir>/nodes/`, progress to
 `<logdir>/progress.jsonl`, TensorBoard events to `<logdir>/tensorboard/`.
+Its start-up mark (`seedacme.run.startup`, `launcher launching`: the program built, its
+nodes about to start) goes to stdout, where `bench/startup.py` reads it.
 """
 
 import argparse
@@ -19,6 +21,7 @@ from typing import Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme.run import logdir as logdir_lib
+from seedacme.run import startup
 from seedacme.run.curves import write_curves
 from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
 from seedacme.run.progress import format_line
@@ -230,6 +233,8 @@ def main(argv: List[str] | None = None) -> int:
       builder, factory, spec, config,
       stop_program=lp.make_program_stopper(lp.LaunchType.LOCAL_MULTI_PROCESSING),
       name=f'seedacme_{args.env}_{args.agent}')
+  # Printed, not logged: absl's INFO is off in this process (no flags parsed).
+  print(startup.line('launcher', 'launching'), flush=True)
   manager = launch(program, logdir, network='host')  # isolated above, if asked
 
   failure: List[BaseException] = []

@@ -21,6 +21,10 @@ The actor counts its envs' steps and episodes in one `ActingLog` (its log lines 
 evaluation rounds read it; with actor-side inference the reports to the central node
 are deltas of it, `ActingLog.take_report`).
 
+Start-up marks (`seedacme.run.startup`) under the node's name (`actor/<i>`,
+`evaluator/<i>`): `envs_built` once the K envs exist, `first_answer` at the first
+actions from the inference server.
+
 Env faults. An env that raises, or whose step (reset included) has not returned after
 `env_step_timeout_s` (a watchdog thread), is reported to the central node by name
 (`seedacme.wire.reports.env_fault`: env, env ids, error, seed; it logs and counts it)
@@ -46,6 +50,7 @@ import numpy as np
 
 from seedacme.actor.engines import EnvError, env_name, half_batch_driver, make_engine
 from seedacme.actor.transport import InferencePath
+from seedacme.run import startup
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime import supervisor
 from seedacme.runtime.lifecycle import default_stop_event
@@ -145,6 +150,7 @@ class EnvActor:
     self._factory = env_factory
     self._engine = make_engine(env_factory, num_envs, seed=self.seed)
     self._envs = half_batch_driver(self._engine)
+    startup.mark(self._node_name(mode, actor_id), 'envs_built')
     self._env_step_timeout_s = env_step_timeout_s
     self._on_env_hang = on_env_hang or _exit_hung
     self._watching = False
@@ -170,6 +176,11 @@ class EnvActor:
     if self.restarts:
       logging.info('Actor %d restarted (%d before): env seeds from %d (base seed %d)',
                    actor_id, self.restarts, self.seed, seed)
+
+  @staticmethod
+  def _node_name(mode: Mode, actor_id: int) -> str:
+    """The program's name of this actor's node (`actor/0`, `evaluator/0`)."""
+    return f'{"evaluator" if mode is Mode.EVAL else "actor"}/{actor_id}'
 
   @property
   def env_steps(self) -> int:
@@ -235,6 +246,7 @@ class EnvActor:
           # Start-up diagnostics (and what tests wait for before killing an actor).
           logging.info('%s %d: first answer from the inference server after %.1fs (%s)',
                        kind, self._actor_id, time.monotonic() - started, path.name)
+          startup.mark(self._node_name(self.mode, self._actor_id), 'first_answer')
         self._env_call(kind, batch.slots, self._envs.send, reply['action'])
         # A half-batch engine: the other half, stepped meanwhile.
         batch = self._env_call(kind, all_slots, self._envs.recv)

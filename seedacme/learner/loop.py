@@ -5,6 +5,8 @@ on their own clock (a slow learner step does not delay them) and the main thread
 free to run Launchpad's SIGTERM handler while the learner blocks in Reverb. The loop only
 counts steps and keeps the last metrics; whoever owns it decides when to stop
 (`should_stop(steps)`, asked before every step: the central node's budgets and finish).
+Its first step traced, it marks the central node's `learner_traced` start-up phase
+(`seedacme.run.startup`).
 """
 
 import math
@@ -15,6 +17,7 @@ from typing import Callable, Dict
 from absl import logging
 
 from seedacme.learner.base import DivergedError, Learner
+from seedacme.run import startup
 
 
 class LearnerLoop:
@@ -44,6 +47,7 @@ class LearnerLoop:
       started = time.monotonic()
       self.learner.warm_up()  # while actors start and the replay fills
       logging.info('Learner step traced in %.1fs', time.monotonic() - started)
+      startup.mark('learner', 'learner_traced')
       while not self._stop.is_set() and not self._should_stop(self.steps):
         metrics = self.learner.step()
         if metrics is not None:

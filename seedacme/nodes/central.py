@@ -24,7 +24,9 @@ runs the latest parameters and no parameters cross the network.
 
 Why ~320 lines: the node composes parts that live elsewhere, but its start-up
 (placement, restore and the run-config check) and its one end (`finish`) are ordered
-steps that read best in one place.
+steps that read best in one place. Its start-up phases are marked under the node name
+`learner` (`seedacme.run.startup`: `devices`, `inference_compiled`, `serving`;
+the learner loop marks `learner_traced`).
 """
 
 import dataclasses
@@ -48,6 +50,7 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
+from seedacme.run import startup
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event
@@ -84,6 +87,7 @@ def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
   policy.warm_up([config.envs_per_actor, config.num_train_envs])
   logging.info('Inference batch step compiled in %.1fs (device %s)',
                time.monotonic() - started, getattr(policy, 'device', 'host'))
+  startup.mark('learner', 'inference_compiled')
   return server
 
 
@@ -102,6 +106,7 @@ class CentralNode:
     self._spec = spec
     split_cpu(config.logical_cpus)  # before TF lists its devices
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
+    startup.mark('learner', 'devices')
     placed = place_networks(builder, spec, config)
     self.placement, learner_devices = placed.placement, placed.learner_devices
     self._networks, self._inference_networks = placed.learner, placed.inference
@@ -217,6 +222,7 @@ class CentralNode:
       self._stop = default_stop_event()
     if self._courier is not None:
       self._courier.Start()
+      startup.mark('learner', 'serving')
       try:
         self._run()
       finally:

@@ -5,7 +5,8 @@
 (`seedacme.runtime.supervisor.Supervisor`), passes the pickled `CentralNode` arguments
 through as bytes and never imports TensorFlow; the child (`serve_central`) builds the
 `CentralNode` and serves Courier on the node's port, so a restarted child binds the same
-address and actors reconnect.
+address and actors reconnect. The child marks `tf_imported` and `serving`
+(`seedacme.run.startup`; `CentralNode` marks the phases between).
 
 Its planned stop (SIGTERM) gives the child `CENTRAL_STOP_TIMEOUT_S` before it is killed,
 not the 6 s other nodes get: `CentralNode.finish` may wait `LEARNER_JOIN_S` for the
@@ -21,6 +22,7 @@ import launchpad as lp
 from launchpad.nodes import dereference as lp_dereference
 import tree
 
+from seedacme.run import startup
 from seedacme.runtime.supervisor import Supervisor, exit_node
 
 # What a standby child imports ahead of need (the order `serve_central` uses).
@@ -40,11 +42,13 @@ def serve_central(stop_event: threading.Event, port: int, courier_kwargs: Dict[s
   """
   # CUDA libraries first, then TF, Reverb and the node: the order a standby also uses.
   from seedacme.nodes import central_imports as imports  # pylint: disable=g-import-not-at-top
+  startup.mark('learner', 'tf_imported')
   node = imports.central.CentralNode(
       stop_event=stop_event, replay=imports.reverb.Client(replay_address),
       **cloudpickle.loads(payload), **handles)
   server = imports.central.make_central_server(node, port=port, **courier_kwargs)
   server.Start()
+  startup.mark('learner', 'serving')
   try:
     node.run()
   finally:

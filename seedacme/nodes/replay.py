@@ -2,7 +2,8 @@
 
 `ReplayNode` is Launchpad's Reverb node with seedacme's lifecycle (below);
 `serve_replay` is its child process's work: a Reverb server on the node's port that
-loads the latest checkpoint after a crash.
+loads the latest checkpoint after a crash. It marks its start-up phases
+(`seedacme.run.startup`: `reverb_imported`, `serving`).
 """
 
 import os
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from absl import logging
 import launchpad as lp
 
+from seedacme.run import startup
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.runtime.supervisor import Supervisor, exit_node
 
@@ -81,6 +83,7 @@ def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Calla
   checkpoint besides the one being written.
   """
   import reverb  # pylint: disable=g-import-not-at-top
+  startup.mark('replay', 'reverb_imported')
   if stop_event is None:
     stop_event = default_stop_event()
   restoring = bool(os.listdir(checkpoint_dir))
@@ -102,6 +105,7 @@ def serve_replay(stop_event: threading.Event | None, port: int, tables_fn: Calla
         f'replay: cannot restore the checkpoint in {checkpoint_dir} ({e}); it was written '
         'by tables of another shape (another agent or config on this logdir?): move it '
         'away to start with empty tables') from e
+  startup.mark('replay', 'serving')
   try:
     while not stop_event.wait(checkpoint_interval_s or 3600.0):
       if checkpoint_interval_s is None:

@@ -36,6 +36,10 @@ on stdin before running. When the working child dies, the standby runs at once a
 new one is started behind it. A replay restart cost ~5 s of importing Reverb and
 TensorFlow before the new server could bind its port (README, "Fault table").
 
+Start-up marks (`seedacme.run.startup`): the supervisor logs `supervising` when it
+starts, a child `imported` once its target is unpickled and told to run, each under
+the node's name (`bench/startup.py` reads them).
+
 Why ~320 lines: the restart policy (backoff, the fast and the windowed give-up rules,
 named exit reasons), the standby child and the child entry point are one state machine
 over one child process; split, each part would need the others' state.
@@ -58,6 +62,7 @@ from typing import Any, Callable, Dict, Mapping
 from absl import logging
 import cloudpickle
 
+from seedacme.run import startup
 from seedacme.runtime.lifecycle import default_stop_event
 
 # A child exits with this when its error has `fatal = True` (restarting cannot fix it,
@@ -117,7 +122,7 @@ class Supervisor:
                give_up_after: int = 10, short_run_s: float = 300.0,
                max_deaths: int = 20, death_window_s: float = 6 * 3600.0,
                child_env: Mapping[str, str] | None = None):
-    self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports)))
+    self._payload = cloudpickle.dumps((target, kwargs, tuple(standby_imports), name))
     self._name = name
     self._stop = stop_event
     self._backoff = restart_backoff_s
@@ -225,6 +230,7 @@ class Supervisor:
   def run(self) -> None:
     if self._stop is None:
       self._stop = default_stop_event()
+    startup.mark(self._name, 'supervising')  # this (Launchpad node) process's start-up
     backoff = self._backoff
     died_after_s = None
     short_deaths = 0  # in a row
@@ -305,7 +311,7 @@ def _child_main() -> None:
   faulthandler.register(signal.SIGUSR2, all_threads=True)
   stdin = sys.stdin.buffer
   size = int.from_bytes(stdin.read(8), 'little')
-  target, kwargs, standby_imports = cloudpickle.loads(stdin.read(size))
+  target, kwargs, standby_imports, name = cloudpickle.loads(stdin.read(size))
   for module in standby_imports:
     importlib.import_module(module)
   if stdin.read(1) != _RUN:  # a standby waits here; EOF: the supervisor is stopping
@@ -327,6 +333,9 @@ def _child_main() -> None:
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logging.use_absl_handler()
   absl_logging.set_verbosity(absl_logging.INFO)
+  # The target unpickled (its modules imported) and told to run: a standby's mark
+  # comes when it takes over (its `+seconds` then include the wait).
+  startup.mark(name, 'imported')
   try:
     target(stop_event=stop, **kwargs)
   except BaseException as e:  # pylint: disable=broad-except
