@@ -24,7 +24,22 @@ closed: a call left on a connection a partition made half-open (`RpcTransport`'s
 and a channel whose reconnect backoff had grown to a minute while the server was away
 (fresh clients, `RECONNECT_AFTER_S`).
 
-Why ~430 lines: three ways to the server (Courier, shared memory, the choice and re-
+The first connection (issue 48, start-up) is not left to gRPC: actors are up long
+before the central node serves (it imports TensorFlow and compiles inference), and a
+call on a channel whose server is not listening yet makes gRPC retry the connection
+with a growing backoff (1 s, 1.6 s, 2.6 s, ...): the first answer came 5.7 s after
+the central node was serving (Catch V-trace, `bench/startup.py`, load ~4 on 2 cores).
+A fresh client does not help while the first is alive (the actor keeps it for its
+reports): gRPC's channels to one address share one connection and its backoff (a
+fresh client every 0.3 s was answered 3.2 s after the server started while the first
+client lived, 0.05 s once it was gone). So until the actor's first answer, no call is
+made before the server's port accepts a TCP connection (`wait_for_port`, tried every
+`first_connect_period`: 0.25 s, 2% of the time waited, at most 1 s); the first call
+then connects at once: a server started 6 s after its actor answered it 0.01 s after
+starting, 3.5-3.8 s before (`tests/unit/test_courier_transport.py`, load ~2). After a first answer (a server lost later)
+nothing changes.
+
+Why ~510 lines: three ways to the server (Courier, shared memory, the choice and re-
 attach between them) share one retry and patience policy; the shared-memory attach
 (offer for this pid, ticket, fallback) is most of it, the Courier path's probe and
 reconnect most of the rest.
@@ -56,6 +71,11 @@ PROBE_INTERVAL_S = 10.0
 # machine) first connected ~60 s after the node was serving (emulated hosts, issue 37),
 # and the run reached its target before it; a new channel tries at once.
 RECONNECT_AFTER_S = 5.0
+# Until an actor's first answer: its server's port is tried this often (module
+# docstring): 0.25 s, 2% of the time waited, at most 1 s.
+FIRST_CONNECT_MIN_S = 0.25
+FIRST_CONNECT_MAX_S = 1.0
+FIRST_CONNECT_FRACTION = 0.02
 # transport='shm': refusals in a row (a stale generation after a restart, envs of an
 # actor not yet detached) before the actor stops, naming the last.
 MAX_REFUSED_ATTACHES = 5
@@ -72,6 +92,40 @@ def fresh_client(client: Any) -> Any:
     return None
   cls, args = client.__reduce__()
   return cls(*args)
+
+
+def first_connect_period(waited_s: float) -> float:
+  """How long after a refused TCP connection a never-answered actor tries again."""
+  return min(FIRST_CONNECT_MAX_S, max(FIRST_CONNECT_MIN_S, FIRST_CONNECT_FRACTION * waited_s))
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+  """`(host, port)` of a Courier address (`host:port`, `[v6]:port`, `dns:///host:port`),
+  None for anything else (a Unix socket, a name service's name)."""
+  if address.startswith('dns:///'):
+    address = address[len('dns:///'):]
+  host, sep, port = address.rpartition(':')
+  if not sep or not host or not port.isdigit() or '/' in host:
+    return None
+  return host.strip('[]'), int(port)
+
+
+def wait_for_port(address: str, stop: threading.Event) -> bool:
+  """Waits until `address` accepts a TCP connection, trying every
+  `first_connect_period`; False when stopped first or `address` is no `host:port`."""
+  target = host_port(address)
+  if target is None:
+    return False
+  started = time.monotonic()
+  while not stop.is_set():
+    period = first_connect_period(time.monotonic() - started)
+    tried = time.monotonic()
+    try:
+      socket.create_connection(target, timeout=period).close()
+      return True
+    except OSError:
+      stop.wait(max(0.0, period - (time.monotonic() - tried)))
+  return False
 
 
 class ServerAway(ConnectionError):
@@ -326,6 +380,7 @@ class InferencePath:
     self.current: RpcTransport | ShmTransport | None = None
     self.attaches = 0
     self._refused = 0  # shared-memory attaches refused in a row
+    self._answered = False  # ever, by the server (until then: `wait_for_port` first)
     courier_guard.install()  # replies rebuild no code (seedacme.wire.courier_guard)
 
   @property
@@ -349,6 +404,7 @@ class InferencePath:
           try:
             offer = courier_guard.accept(future.result(timeout=_SLICE_S),
                                          f'{self._who}: the shared-memory offer')
+            self._answered = True
             break
           except futures.TimeoutError:
             if self._stop.is_set():
@@ -375,12 +431,18 @@ class InferencePath:
     return None
 
   def _attach(self):
-    rpc = RpcTransport(self._client, self._stop, self._who)
+    if not self._answered and fresh_client(self._client) is not None:
+      started = time.monotonic()
+      if wait_for_port(self._client.address, self._stop):
+        logging.info('%s: the inference server accepts connections (after %.1fs)',
+                     self._who, time.monotonic() - started)
     if self._transport == 'courier':
-      return rpc
+      return RpcTransport(self._client, self._stop, self._who)
     offer = self._offer()
     if self._stop.is_set():
       return None
+    # On the client that answered the offer (maybe a fresh one).
+    rpc = RpcTransport(self._client, self._stop, self._who)
     elsewhere = offer is not None and offer['boot_id'] != shm.boot_id()
     if offer is None or elsewhere or offer.get('refused'):
       why = ('runs on another host' if elsewhere else 'offers no shared memory'
@@ -431,8 +493,10 @@ class InferencePath:
           continue  # not attached yet (asked again after a pause)
         self.attaches += 1
       try:
-        return self.current.step(env_ids, run_ids, observation, reward, discount,
-                                 step_type, mode)
+        reply = self.current.step(env_ids, run_ids, observation, reward, discount,
+                                  step_type, mode)
+        self._answered = self._answered or reply is not None
+        return reply
       except ServerAway as e:
         logging.info('%s: the inference server went away (%s); attaching again',
                      self._who, e)

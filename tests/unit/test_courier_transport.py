@@ -149,3 +149,36 @@ def test_a_call_left_on_a_connection_the_server_dropped_during_a_partition_is_re
     assert wait_for('new', 'serving', 60)
     hosts.link('b', up=True)
     assert wait_for('probing', 'answered', 30), text('probing')
+
+
+@pytest.mark.timeout(60)
+def test_an_actor_never_answered_connects_soon_after_the_server_starts():
+  # Issue 48: actors start before the central node serves. A call on a channel whose
+  # server is not listening waits out gRPC's backoff (answered 3.5 s after a server
+  # started 6 s late, fresh clients and all); a never-answered actor makes no call
+  # before the port accepts a TCP connection (`wait_for_port`).
+  import time  # pylint: disable=g-import-not-at-top
+  import courier  # pylint: disable=g-import-not-at-top
+  import portpicker  # pylint: disable=g-import-not-at-top
+  port = portpicker.pick_unused_port()
+  path = transport.InferencePath(courier.Client(f'localhost:{port}'), 0, 2, threading.Event(),
+                                 transport='courier')
+  server = courier.Server(port=port)
+  server.Bind('step', courier_guard.served(
+      lambda request: {'action': np.zeros(2, np.int32)}, 'step'))
+  server.Bind('ping', lambda *args: True)
+  started = []
+  def start():
+    server.Start()
+    started.append(time.monotonic())
+  timer = threading.Timer(6.0, start)
+  timer.start()
+  try:
+    reply = _step(path)
+    answered = time.monotonic()
+    assert reply['action'].shape == (2,)
+    assert answered - started[0] < 2.0, answered - started[0]
+  finally:
+    timer.join()
+    server.Stop()
+    server.Join()
