@@ -7,7 +7,7 @@ Issue 48 ("measure first"). Each job is the command a user types
 (`scripts/run_local catch vtrace 2 --max_seconds 30`; `scripts/run_local mujoco ppo 2 8
 --level HalfCheetah-v5 --max_seconds 40`), run one after the other, each with a logdir
 of its own; the wall time the command was started is the zero of its timeline. After
-the run the script reads the start-up marks (`seedacme.run.startup`: `startup: <node>
+the run the script reads the start-up marks (`seedacme.runtime.startup`: `startup: <node>
 <phase> +<process age>s (at <unix time>, pid N)`) from every node log under
 `<logdir>/nodes/` and the launcher's stdout, and the absl lines the marks cannot stand
 in for (a supervisor naming the child it started; on a checkout without marks, the
@@ -39,7 +39,7 @@ from typing import Any, Dict, List
 from harness import (REPO, TAG_VAR, commit, machine, print_table, tagged_processes,
                      write_json)
 
-from seedacme.run.startup import LINE_RE
+from seedacme.runtime.startup import LINE_RE
 
 JOBS = (('catch_vtrace', ['catch', 'vtrace', '2', '--max_seconds', '30']),
         ('mujoco_ppo', ['mujoco', 'ppo', '2', '8', '--level', 'HalfCheetah-v5',

@@ -5,7 +5,7 @@ node as a local process (`local_mp`), shows one progress line per record the cen
 node writes, and prints a final summary when the budget is reached. Ctrl-C stops every
 node cleanly. All node logs go to `<logdir>/nodes/`, progress to
 `<logdir>/progress.jsonl`, TensorBoard events to `<logdir>/tensorboard/`.
-Its start-up mark (`seedacme.run.startup`, `launcher launching`: the program built, its
+Its start-up mark (`seedacme.runtime.startup`, `launcher launching`: the program built, its
 nodes about to start) goes to stdout, where `bench/startup.py` reads it.
 """
 
@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme.run import logdir as logdir_lib
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.run.curves import write_curves
 from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
 from seedacme.run.progress import format_line

@@ -21,7 +21,7 @@ The actor counts its envs' steps and episodes in one `ActingLog` (its log lines 
 evaluation rounds read it; with actor-side inference the reports to the central node
 are deltas of it, `ActingLog.take_report`).
 
-Start-up marks (`seedacme.run.startup`) under the node's name (`actor/<i>`,
+Start-up marks (`seedacme.runtime.startup`) under the node's name (`actor/<i>`,
 `evaluator/<i>`): `envs_built` once the K envs exist, `first_answer` at the first
 actions from the inference server.
 
@@ -50,7 +50,7 @@ import numpy as np
 
 from seedacme.actor.engines import EnvError, env_name, half_batch_driver, make_engine
 from seedacme.actor.transport import InferencePath
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime import supervisor
 from seedacme.runtime.lifecycle import default_stop_event

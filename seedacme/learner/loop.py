@@ -6,7 +6,7 @@ free to run Launchpad's SIGTERM handler while the learner blocks in Reverb. The 
 counts steps and keeps the last metrics; whoever owns it decides when to stop
 (`should_stop(steps)`, asked before every step: the central node's budgets and finish).
 Its first step traced, it marks the central node's `learner_traced` start-up phase
-(`seedacme.run.startup`).
+(`seedacme.runtime.startup`).
 """
 
 import math
@@ -17,7 +17,7 @@ from typing import Callable, Dict
 from absl import logging
 
 from seedacme.learner.base import DivergedError, Learner
-from seedacme.run import startup
+from seedacme.runtime import startup
 
 
 class LearnerLoop:

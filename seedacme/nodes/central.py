@@ -25,7 +25,7 @@ runs the latest parameters and no parameters cross the network.
 Why ~320 lines: the node composes parts that live elsewhere, but its start-up
 (placement, restore and the run-config check) and its one end (`finish`) are ordered
 steps that read best in one place. Its start-up phases are marked under the node name
-`learner` (`seedacme.run.startup`: `devices`, `inference_compiled`, `serving`;
+`learner` (`seedacme.runtime.startup`: `devices`, `inference_compiled`, `serving`;
 the learner loop marks `learner_traced`).
 """
 
@@ -50,7 +50,7 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event

@@ -6,7 +6,7 @@
 through as bytes and never imports TensorFlow; the child (`serve_central`) builds the
 `CentralNode` and serves Courier on the node's port, so a restarted child binds the same
 address and actors reconnect. The child marks `tf_imported` and `serving`
-(`seedacme.run.startup`; `CentralNode` marks the phases between).
+(`seedacme.runtime.startup`; `CentralNode` marks the phases between).
 
 Its planned stop (SIGTERM) gives the child `CENTRAL_STOP_TIMEOUT_S` before it is killed,
 not the 6 s other nodes get: `CentralNode.finish` may wait `LEARNER_JOIN_S` for the
@@ -22,7 +22,7 @@ import launchpad as lp
 from launchpad.nodes import dereference as lp_dereference
 import tree
 
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.runtime.supervisor import Supervisor, exit_node
 
 # What a standby child imports ahead of need (the order `serve_central` uses).

@@ -3,7 +3,7 @@
 `ReplayNode` is Launchpad's Reverb node with seedacme's lifecycle (below);
 `serve_replay` is its child process's work: a Reverb server on the node's port that
 loads the latest checkpoint after a crash. It marks its start-up phases
-(`seedacme.run.startup`: `reverb_imported`, `serving`).
+(`seedacme.runtime.startup`: `reverb_imported`, `serving`).
 """
 
 import os
@@ -16,7 +16,7 @@ from typing import Any, Callable
 from absl import logging
 import launchpad as lp
 
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.runtime.supervisor import Supervisor, exit_node
 

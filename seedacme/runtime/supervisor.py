@@ -36,7 +36,7 @@ on stdin before running. When the working child dies, the standby runs at once a
 new one is started behind it. A replay restart cost ~5 s of importing Reverb and
 TensorFlow before the new server could bind its port (README, "Fault table").
 
-Start-up marks (`seedacme.run.startup`): the supervisor logs `supervising` when it
+Start-up marks (`seedacme.runtime.startup`): the supervisor logs `supervising` when it
 starts, a child `imported` once its target is unpickled and told to run, each under
 the node's name (`bench/startup.py` reads them).
 
@@ -62,7 +62,7 @@ from typing import Any, Callable, Dict, Mapping
 from absl import logging
 import cloudpickle
 
-from seedacme.run import startup
+from seedacme.runtime import startup
 from seedacme.runtime.lifecycle import default_stop_event
 
 # A child exits with this when its error has `fatal = True` (restarting cannot fix it,

@@ -1,4 +1,4 @@
-"""Start-up marks (`seedacme.run.startup`) and `bench/startup.py`'s reading of them.
+"""Start-up marks (`seedacme.runtime.startup`) and `bench/startup.py`'s reading of them.
 
 A mark is one parseable line whose `+seconds` is the process's age (interpreter start
 included, so at least what ran before the mark, at most the process's whole life); it
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from seedacme.run import startup
+from seedacme.runtime import startup
 from tests.unit.bench_modules import load
 
 bench_startup = load('startup')
@@ -23,7 +23,7 @@ from absl import logging
 logging.use_absl_handler()
 logging.set_verbosity(logging.INFO)
 time.sleep(0.5)
-from seedacme.run import startup
+from seedacme.runtime import startup
 startup.mark('actor/3', 'envs_built')
 print('tensorflow' in sys.modules, flush=True)
 """
@@ -55,11 +55,8 @@ def test_this_process_age_is_plausible():
   assert age is not None and 0.0 <= age < time.time() - created + 1.0
 
 
-def test_without_proc_the_line_omits_the_seconds_and_nothing_raises(monkeypatch):
-  def unreadable():
-    raise OSError('no /proc')
-  monkeypatch.setattr(startup, '_start_boottime', unreadable)
-  monkeypatch.setattr(startup, '_start', None)
+def test_without_proc_the_line_omits_the_seconds_and_nothing_raises(monkeypatch, tmp_path):
+  monkeypatch.setattr(startup, 'STAT_PATH', str(tmp_path / 'no_such_stat'))
   line = startup.line('learner', 'devices')
   assert '+' not in line
   m = startup.LINE_RE.search(line)

@@ -34,12 +34,14 @@ PREFIX = 'startup:'
 LINE_RE = re.compile(r'startup: (?P<node>\S+) (?P<phase>\S+) (?:\+(?P<since>[0-9.]+)s )?'
                      r'\(at (?P<at>[0-9.]+)(?:, pid (?P<pid>\d+))?\)')
 
-_start = None  # (pid, CLOCK_BOOTTIME seconds at this process's start), read once per pid
+# Where a process's start time is read (`starttime`, field 22); a test points it elsewhere.
+STAT_PATH = '/proc/self/stat'
+_start = None  # (pid, path, CLOCK_BOOTTIME seconds at this process's start), once per pid
 
 
 def _start_boottime() -> float:
   """Seconds since boot at which this process started (`starttime`, field 22)."""
-  with open('/proc/self/stat', 'rb') as f:
+  with open(STAT_PATH, 'rb') as f:
     stat = f.read()
   # The command name (field 2) may hold spaces or parentheses: count after its ')'.
   fields = stat[stat.rindex(b')') + 2:].split()
@@ -61,11 +63,11 @@ def process_age() -> float | None:
   global _start
   try:
     pid = os.getpid()
-    if _start is None or _start[0] != pid:  # a forked child has its own start
-      _start = (pid, _start_boottime())
+    if _start is None or _start[:2] != (pid, STAT_PATH):  # a forked child: its own start
+      _start = (pid, STAT_PATH, _start_boottime())
     if hasattr(time, 'CLOCK_BOOTTIME'):
-      return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - _start[1])
-    return max(0.0, time.time() - _boot_time() - _start[1])
+      return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - _start[2])
+    return max(0.0, time.time() - _boot_time() - _start[2])
   except Exception:  # pylint: disable=broad-except  (never in the way of a start)
     return None
 
