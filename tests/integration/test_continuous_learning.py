@@ -120,11 +120,13 @@ def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
   assert start['average_return'] < UNTRAINED_BELOW, rise
 
 
+@pytest.mark.long('learns InvertedPendulum to its target: ~1 min, up to 4 under load')
 @pytest.mark.timeout(MAX_SECONDS + 200)
 def test_ppo_solves_inverted_pendulum(tmp_path):
   _solve_inverted_pendulum(tmp_path, 'ppo', 8, PPO_OVERRIDES)
 
 
+@pytest.mark.long('learns InvertedPendulum to its target: ~2 min, up to 6 under load')
 @pytest.mark.timeout(SAC_MAX_SECONDS + 200)
 def test_sac_solves_inverted_pendulum(tmp_path):
   _solve_inverted_pendulum(tmp_path, 'sac', 4, SAC_OVERRIDES, SAC_MAX_SECONDS)

@@ -14,6 +14,7 @@ from tests.integration.launch import Run, target_value
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long('learns CartPole to 475 greedy: ~1 min, up to 5 under load')
 @pytest.mark.timeout(300)
 def test_ppo_solves_cartpole_greedy(tmp_path):
   run = Run(['cartpole', 'ppo', '2', '8', '--max_seconds', '200', '--target_return', '475',
@@ -25,6 +26,7 @@ def test_ppo_solves_cartpole_greedy(tmp_path):
   assert summary['learner_policy_lag'] >= 0  # the measured lag reaches the summary
 
 
+@pytest.mark.long('learns Catch to 0.9: ~1 min, up to 7 under load')
 @pytest.mark.timeout(420)
 def test_catch_learns_with_the_learner_on_two_devices(tmp_path):
   run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '300', '--target_return', '0.9',

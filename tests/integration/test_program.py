@@ -15,6 +15,7 @@ from tests.integration.launch import Run, checkpointed_learner_step, target_valu
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long('learns Catch to 0.9: ~80 s, up to 6 min under load')
 @pytest.mark.timeout(360)
 def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
@@ -49,6 +50,7 @@ def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
   assert 'Traceback' not in run.node_log('learner/0')
 
 
+@pytest.mark.long('learns Catch to 0.9 (actor-side inference): ~50 s, up to 5 min under load')
 @pytest.mark.timeout(300)
 def test_actor_side_inference_program_learns_catch(tmp_path):
   """inference='actor': each actor runs its own policy copy, pulls parameters from the
@@ -125,6 +127,7 @@ def test_ctrl_c_stops_every_node(tmp_path):
   assert os.listdir(os.path.join(str(tmp_path), 'tmp')) == []
 
 
+@pytest.mark.long('learns CartPole to 475: ~2.5 min, up to 7 under load')
 @pytest.mark.timeout(420)
 def test_vtrace_solves_cartpole(tmp_path):
   run = Run(['cartpole', 'vtrace', '2', '16', '--max_seconds', '300', '--target_return', '475'],
@@ -135,6 +138,7 @@ def test_vtrace_solves_cartpole(tmp_path):
   assert target_value(summary) >= 475
 
 
+@pytest.mark.long('learns Catch to 0.9 (R2D2): ~75 s, up to 6 min under load')
 @pytest.mark.timeout(360)
 def test_r2d2_solves_catch_with_priority_updates(tmp_path):
   run = Run(['catch', 'r2d2', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
@@ -153,7 +157,8 @@ def test_r2d2_solves_catch_with_priority_updates(tmp_path):
 
 
 @pytest.mark.skipif(not os.environ.get('SEEDACME_SLOW_TESTS'),
-                    reason='about 3-5 minutes; set SEEDACME_SLOW_TESTS=1')
+                    reason='before a release: 3-5 minutes more; set SEEDACME_SLOW_TESTS=1')
+@pytest.mark.long('learns CartPole to 475 greedy (R2D2): 3-5 min')
 @pytest.mark.timeout(600)
 def test_r2d2_solves_cartpole_greedy(tmp_path):
   run = Run(['cartpole', 'r2d2', '2', '16', '--max_seconds', '480', '--target_return', '475',

@@ -63,6 +63,7 @@ def _events(logdir: str) -> List[str]:
     return []
 
 
+@pytest.mark.long('a Slurm cluster of three emulated nodes, a requeue, a resume and scancel: 2 min, 5 under load')
 @pytest.mark.timeout(600)
 def test_catch_job_requeued_resumes_and_scancel_stops_it_cleanly(tmp_path):
   """Catch V-trace as one het job over three nodes (replay + learner on one, an actor
@@ -169,7 +170,8 @@ def test_catch_job_requeued_resumes_and_scancel_stops_it_cleanly(tmp_path):
 # One more start of the program (~2.5 min at load 8) and the controller's SlurmdTimeout:
 # beyond the ~4 minutes CI gives Slurm, so it runs with the slow tests.
 @pytest.mark.skipif(not os.environ.get('SEEDACME_SLOW_TESTS'),
-                    reason='about 4 minutes; set SEEDACME_SLOW_TESTS=1')
+                    reason='before a release: 3-5 minutes more; set SEEDACME_SLOW_TESTS=1')
+@pytest.mark.long('a lost Slurm node until the job is requeued: 3-5 min')
 @pytest.mark.timeout(600)
 def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp_path):
   """The node of actor/1 and the evaluator lost (its slurmd, slurmstepds and task

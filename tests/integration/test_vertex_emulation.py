@@ -18,6 +18,7 @@ from tests.integration.launch import (TAG_VAR, leftover_processes, target_value,
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long('Vertex executables learn Catch to 0.9: ~70 s, up to 5 min under load')
 @pytest.mark.timeout(330)
 def test_emulated_vertex_cluster_trains_catch_and_every_replica_exits_0(tmp_path):
   _need_xmanager()
@@ -59,6 +60,7 @@ def _need_xmanager() -> None:
     pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
 
 
+@pytest.mark.long('two emulated hosts learn Catch to 0.9: ~3.5 min')
 @pytest.mark.timeout(330)
 def test_two_hosts_from_one_cluster_spec_train_catch_together(tmp_path):
   # Two "hosts": two own-machines launchers, the same command and cluster spec, each
