@@ -18,10 +18,15 @@ pytestmark = pytest.mark.integration
 @pytest.mark.long('learns Catch to 0.9: ~80 s, up to 6 min under load')
 @pytest.mark.timeout(360)
 def test_vtrace_solves_catch_and_shuts_down_cleanly(tmp_path):
+  # Inference on one logical CPU and the learner data-parallel over two others (was a
+  # program of its own, test_catch_learns_with_the_learner_on_two_devices).
   run = Run(['catch', 'vtrace', '2', '16', '--max_seconds', '240', '--target_return', '0.9',
-             '--progress_interval_s', '3'], str(tmp_path))
+             '--progress_interval_s', '3', '--logical_cpus', '3', '--inference_devices', '1',
+             '--learner_devices', '2'], str(tmp_path))
   run.complete(330)
   out = run.output
+  assert ('inference on /device:CPU:0; learner on /device:CPU:1, /device:CPU:2'
+          in run.node_log('learner/0'))
 
   # It learned: the budget that stopped it is the target return, not the time limit.
   summary = run.json('summary.json')
