@@ -9,10 +9,11 @@ phases (`seedacme.runtime.startup`: `reverb_imported`, `serving`).
 The node's Launchpad process imports neither Reverb nor TensorFlow (issue 48): it is
 no `lp.ReverbNode` (whose module imports Reverb, which imports TensorFlow), and the
 tables fn travels as cloudpickled bytes that only the process serving the tables
-unpickles (the agent's module imports TensorFlow). Before, the supervisor reached
-`supervising` 20 s after launch at load ~4 on 2 cores, one of up to four processes
-importing TensorFlow at once, and ~435 MB resident for a process that only waits on
-its child; MEASURED_AFTER.
+unpickles (the agent's module imports TensorFlow). Before, the supervisor took 9.7 s
+(Catch V-trace, load 0.6-2.7 on 2 cores; 20 s at load ~4) to reach `supervising`, one
+of up to four processes importing TensorFlow at once, and held ~435 MB for a process
+that only waits on its child; now 1.2-1.3 s and 67 MB (`bench/startup.py`;
+/proc/<pid>/status of a Catch R2D2 run, load ~2), and its child starts that much sooner.
 """
 
 import os
