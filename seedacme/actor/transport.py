@@ -36,8 +36,11 @@ client lived, 0.05 s once it was gone). So until the actor's first answer, no ca
 made before the server's port accepts a TCP connection (`wait_for_port`, tried every
 `first_connect_period`: 0.25 s, 2% of the time waited, at most 1 s); the first call
 then connects at once: a server started 6 s after its actor answered it 0.01 s after
-starting, 3.5-3.8 s before (`tests/unit/test_courier_transport.py`, load ~2). After a first answer (a server lost later)
-nothing changes.
+starting, 3.5-3.8 s before (`tests/unit/test_courier_transport.py`, load ~2); from
+the central node's `serving` to each actor's and the evaluator's first answer,
+`bench/startup.py` measured 0.9 s (Catch V-trace) and 1.4-2.1 s (MuJoCo PPO) at load
+~4-5, where it was 0.4-7.5 s and 5.5-6.2 s at load ~1-3. After a first answer (a
+server lost later) nothing changes.
 
 Why ~510 lines: three ways to the server (Courier, shared memory, the choice and re-
 attach between them) share one retry and patience policy; the shared-memory attach
