@@ -9,6 +9,7 @@ from tests.integration.launch import Run
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long('an Atari program (conv nets) for a 30 s budget: ~70 s; the engines are unit-tested (test_atari_vector, test_actor_engines)')
 @pytest.mark.timeout(300)
 def test_vector_async_actors_run_a_program_and_shut_down(tmp_path):
   # Small on purpose: V-trace on frames is the central node's work, the engine's is cheap.

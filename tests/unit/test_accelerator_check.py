@@ -31,6 +31,7 @@ def test_without_an_accelerator_it_says_so_in_one_line_and_exits_1(capsys):
   assert captured.out == ''
 
 
+@pytest.mark.long("traces and times every agent's learner step on the CPU: 70-160 s")
 @pytest.mark.timeout(300)  # traces every agent's step: ~70 s quiet, 160 s at load 7
 def test_allow_cpu_times_every_agent_on_the_cpu_and_writes_json(tmp_path, capsys):
   code = accelerator_check.main(['--allow_cpu', '--quick', '--batch_sizes', '1',

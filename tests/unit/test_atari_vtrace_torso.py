@@ -23,6 +23,7 @@ from seedacme.agents.vtrace.networks import make_network
 from tests.unit.pong_unrolls import conv_alive, random_play_unrolls
 
 
+@pytest.mark.long('trains the Atari torso on real Pong frames: 35-50 s per optimizer')
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('optimizer', [None, 'adam'])
 def test_registry_atari_settings_keep_the_torso_alive(optimizer):

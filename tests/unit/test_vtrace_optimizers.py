@@ -87,6 +87,7 @@ def test_learner_step_with_every_option_moves_every_layer(optimizer, jit_compile
   assert int(learner.num_steps.numpy()) == 3
 
 
+@pytest.mark.long('trains on real Pong frames: ~35 s')
 @pytest.mark.timeout(240)
 def test_atari_settings_drive_the_value_loss_down_on_real_pong():
   unrolls = random_play_unrolls()
