@@ -203,4 +203,6 @@ def test_killed_run_resumes_from_its_checkpoint_and_ctrl_c_stops_every_node(tmp_
   assert all(steps[i] >= saved for i in restarts), (saved, steps)
   assert os.path.exists(os.path.join(logdir, 'curve.png'))
   assert os.path.exists(os.path.join(logdir, 'curve.csv'))
-  assert os.path.isdir(os.path.join(logdir, 'saved_model'))
+  # Ctrl-C wrote a last checkpoint past the resume (a budget stop also exports the
+  # SavedModel: test_central_finish).
+  assert checkpointed_learner_step(logdir) >= saved + 20
