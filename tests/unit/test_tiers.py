@@ -44,3 +44,12 @@ def test_a_long_marker_without_its_reason_is_refused(tmp_path):
   assert run.returncode != 0
   assert 'needs its reason' in run.stdout + run.stderr
   assert 'test_long' in run.stdout + run.stderr
+
+
+def test_a_file_of_long_tests_only_passes_by_default(tmp_path):
+  only_long = _TESTS.replace('def test_default():\n  pass\n', '')
+  run = _pytest(tmp_path, only_long)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert '1 deselected' in run.stdout
+  empty = _pytest(tmp_path, 'X = 1\n')  # no test at all is still pytest's exit 5
+  assert empty.returncode == 5, empty.stdout
