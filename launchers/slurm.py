@@ -482,6 +482,34 @@ def batch_main(argv: Sequence[str]) -> int:
   return codes[0]
 
 
+TASK_TMP_PREFIX = 'seedacme-slurm-'
+
+
+def remove_stale_task_dirs(base: str, alive=None) -> List[str]:
+  """Removes the temp dirs of tasks that ended without removing theirs (SIGKILLed: a
+  lost node's slurmstepd, a KillWait exceeded): a dir whose `pid` file names a process
+  that no longer runs. Each task sweeps its node's on start, so at most one task's dir
+  outlives it per node until the next task there. Returns the dirs removed."""
+  alive = alive or (lambda pid: os.path.exists(f'/proc/{pid}'))
+  removed = []
+  try:
+    names = [n for n in os.listdir(base) if n.startswith(TASK_TMP_PREFIX)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(base, name)
+    try:
+      with open(os.path.join(path, 'pid')) as f:
+        pid = int(f.read().strip())
+      if os.stat(path).st_uid != os.getuid() or alive(pid):
+        continue
+    except (OSError, ValueError):
+      continue  # no pid file yet (a task starting) or not ours: leave it
+    subprocess.run(['rm', '-rf', path], check=False)
+    removed.append(path)
+  return removed
+
+
 def task_main(argv: Sequence[str]) -> int:
   """One srun task: this task's replicas through the cluster launcher."""
   plan_file, component = argv[0], int(argv[1])
@@ -517,8 +545,11 @@ def task_main(argv: Sequence[str]) -> int:
   # removed after: the pools' copied code is built there.
   base = os.environ.get('TMPDIR', '/tmp')
   base = base if '_' not in base else '/tmp'
-  tmp = os.path.join(base, f'seedacme-slurm-{plan["job"]}-{component}-{task}')
+  remove_stale_task_dirs(base)
+  tmp = os.path.join(base, f'{TASK_TMP_PREFIX}{plan["job"]}-{component}-{task}')
   os.makedirs(tmp, exist_ok=True)
+  with open(os.path.join(tmp, 'pid'), 'w') as f:
+    f.write(str(os.getpid()))
   env = dict(os.environ, TMPDIR=tmp)
   command = [sys.executable, '-m', 'seedacme.launchers.cluster', *plan['forward'],
              '--cluster_spec', json.dumps(spec), '--replicas', ','.join(replicas),

@@ -198,3 +198,22 @@ def test_aggregate_command_reads_seed_logdirs_and_writes_table_json_png(tmp_path
   assert result['seeds'] == [0, 1] and result['metric'] == 'eval_average_return'
   assert os.path.getsize(tmp_path / 'aggregate.png') > 1000
   assert slurm.main(['aggregate', str(tmp_path / 'not_a_seed')]) == 1
+
+
+def test_a_killed_tasks_temp_dir_is_removed_by_the_next_task(tmp_path):
+  """A task SIGKILLed leaves its temp dir; the next task on the node removes it, and
+  leaves alone a live task's dir, one without a pid file yet, and other files."""
+  def task_dir(name, pid):
+    path = tmp_path / f'{slurm.TASK_TMP_PREFIX}{name}'
+    path.mkdir()
+    if pid is not None:
+      (path / 'pid').write_text(str(pid))
+    return path
+  dead = task_dir('7-1-0', 4_000_001)
+  live = task_dir('8-0-0', os.getpid())
+  starting = task_dir('8-1-0', None)
+  other = tmp_path / 'unrelated'
+  other.mkdir()
+  removed = slurm.remove_stale_task_dirs(str(tmp_path), alive=lambda pid: pid == os.getpid())
+  assert removed == [str(dead)]
+  assert not dead.exists() and live.exists() and starting.exists() and other.exists()
