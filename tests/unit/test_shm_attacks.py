@@ -714,7 +714,7 @@ def test_a_memfd_sent_to_the_server_is_refused_and_closed(processes):
     answer = json.loads(hostile.line())
     assert answer['fds'] == 0 and 'carries file descriptors; none are expected' in \
         answer['reply'], answer
-    assert server.alive() and server.settled_fds() == fds  # none of its three kept
+    assert server.alive() and server.settled_fds(expect=fds) == fds  # none of its three kept
     np.testing.assert_array_equal(_served_here(server)['action'], [2, 2])
   finally:
     server.close()

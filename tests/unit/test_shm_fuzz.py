@@ -257,7 +257,7 @@ def test_the_same_host_socket_survives_thousands_of_hostile_inputs():
     for c in fuzzer.open_conns:
       c.close()
     np.testing.assert_array_equal(_served(server, NUM_ENVS - 2, 2)['action'], [3, 3])
-    fds_after = server.settled_fds(timeout_s=10)
+    fds_after = server.settled_fds(timeout_s=20, expect=fds_before)
     after = server.stats()
     print(f'\nshm fuzz: {CASES} connections in {elapsed:.1f}s (seed {SEED}); server '
           f'RSS {before["rss_kb"]} -> {after["rss_kb"]} kB after warm-up, fds '
