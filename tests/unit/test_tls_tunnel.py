@@ -141,7 +141,11 @@ def test_only_a_peer_with_the_runs_certificate_gets_a_byte_to_the_backend(tmp_pa
   assert result['backend_after_intruders'] == 1
   assert result['backend_bytes'] == len('hello')
   counters = result['counters_a']
-  assert counters['refused'] == 5 and counters['accepted'] == 1, counters
+  # Every intruder refused. Accepted: B's connections only (the run's certificate from
+  # its own address); under load B's relay may open a second one that carries nothing
+  # (accepted 2 once in a parallel suite run, the backend still saw one connection).
+  assert counters['refused'] == 5 and counters['accepted'] >= 1, counters
+  assert counters['connections'] == counters['refused'] + counters['accepted'], counters
 
 
 def test_the_plan_rewrites_the_spec_to_loopback_and_aliases():
