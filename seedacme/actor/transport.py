@@ -84,14 +84,19 @@ FIRST_CONNECT_FRACTION = 0.02
 MAX_REFUSED_ATTACHES = 5
 
 
-def fresh_client(client: Any) -> Any:
-  """A new Courier client of `client`'s server, on a channel of its own (None when
-  `client` is not a Courier client, e.g. an actor's own inference)."""
+def is_courier_client(client: Any) -> bool:
+  """Whether `client` is a real Courier client (not, e.g., an actor's own inference)."""
   try:
     import courier  # pylint: disable=g-import-not-at-top
   except ImportError:
-    return None
-  if not isinstance(client, courier.Client):
+    return False
+  return isinstance(client, courier.Client)
+
+
+def fresh_client(client: Any) -> Any:
+  """A new Courier client of `client`'s server, on a channel of its own (None when
+  `client` is not a Courier client)."""
+  if not is_courier_client(client):
     return None
   cls, args = client.__reduce__()
   return cls(*args)
@@ -434,7 +439,7 @@ class InferencePath:
     return None
 
   def _attach(self):
-    if not self._answered and fresh_client(self._client) is not None:
+    if not self._answered and is_courier_client(self._client):
       started = time.monotonic()
       if wait_for_port(self._client.address, self._stop):
         logging.info('%s: the inference server accepts connections (after %.1fs)',
