@@ -37,6 +37,17 @@ from seedacme.launchers.program_flags import ProgramArgsError, add_program_args,
 ACCELERATORS = {'none': None, 'gpu': 'GPU'}
 
 
+def bucket_problem(network: str, logdir: str) -> str | None:
+  """Why `logdir` cannot serve replicas on `network`, or None. Isolated replicas reach
+  loopback and the run's peers only (the TLS tunnel): a bucket is out of their reach,
+  and a first checkpoint would fail minutes in. (The Slurm launcher asks the same.)"""
+  if network == 'isolated' and '://' in logdir:
+    return (f'--network isolated cannot use the logdir {logdir}: its replicas reach only '
+            'loopback and the run\'s hosts, not a bucket. Use a shared filesystem path '
+            '(NFS), or --network host on a private network')
+  return None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog='launchers/cluster', description=__doc__.split('\n')[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -207,12 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if hosts and args.network == 'host':
     print(f'cluster: --network host: {EXPOSURE}' +
           (' (public addresses allowed by flag)' if exposed else ''), file=sys.stderr)
-  if args.network == 'isolated' and '://' in logdir:
-    # Isolated replicas reach loopback and the run's peers only (the TLS tunnel): a
-    # bucket is out of their reach, and a first checkpoint would fail minutes in.
-    print(f'cluster: --network isolated cannot use the logdir {logdir}: its replicas reach '
-          'only loopback and the run\'s hosts, not a bucket. Use a shared filesystem path '
-          '(NFS), or --network host on a private network', file=sys.stderr)
+  problem = bucket_problem(args.network, logdir)
+  if problem:
+    print(f'cluster: {problem}', file=sys.stderr)
     return 2
   if not args.dry_run and args.network == 'isolated':
     from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top

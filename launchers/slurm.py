@@ -146,10 +146,9 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str], obje
       (args.actor_tasks and args.actor_tasks < args.actor_nodes):
     parser.error('--actor_nodes >= 1 and --actor_tasks 0 (one per node) or >= the nodes')
   program = cluster.parse_args([*rest, '--logdir', args.logdir, '--seed', str(args.seed)])
-  if '://' in args.logdir and program.network == 'isolated':
-    parser.error(f'--logdir {args.logdir}: replicas in private network namespaces (the '
-                 'default --network isolated) cannot reach a bucket; use a shared '
-                 'filesystem path, or --network host')
+  problem = cluster.bucket_problem(program.network, args.logdir)
+  if problem:
+    parser.error(problem)
   try:
     args.seed_list = parse_seeds(args.seeds) if args.seeds else [args.seed]
     args.ports = parse_range(args.port_range)

@@ -127,7 +127,7 @@ def test_a_sweep_is_one_job_per_seed_in_its_own_logdir(capsys):
     (['--logdir', '/x', '--cluster_spec', '{}'], 'set by the Slurm launcher'),
     (['--logdir', '/x', '--seeds', '3-1'], 'runs backwards'),
     (['--logdir', '/x', '--actor_nodes', '2', '--actor_tasks', '1'], '--actor_nodes'),
-    (['--logdir', 'gs://b/run'], 'cannot reach a bucket'),
+    (['--logdir', 'gs://b/run'], '--network isolated cannot use the logdir gs://b/run'),
 ])
 def test_refused_flags_name_the_problem(flags, error, capsys):
   with pytest.raises(SystemExit) as e:
