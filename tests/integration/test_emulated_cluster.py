@@ -189,18 +189,19 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   A, actor/1 on B, actor/2 and the evaluator on C. (a) Every actor serves, by the
   right transport. (c) C lost for good. (b) B's link down for 20 s; then again, longer
   than TCP's retransmission limit. (d) A's processes killed (a preemption) and its
-  launcher run again. (c) C's launcher run again: it rejoins, and the run reaches its
-  target. The target is the evaluator's, on C, so the run cannot end before C is back,
-  that is before every fault was shown (with the evaluator on B, Catch reached it
-  while C was still away). (f) Host X, on the same bridge but not in the run, calls
+  launcher run again. (c) C's launcher run again, now with the evaluator: it rejoins,
+  and the run reaches its target. The target is the evaluator's, and the evaluator
+  starts only with C's second launcher, so the run cannot end before every fault was
+  shown (with the evaluator on C from the start, CI's run reached 1.0 over 20 greedy
+  episodes at 34 s, before C was lost; with it on B, while C was away). (f) Host X, on the same bridge but not in the run, calls
   every port of every run host while the run trains: refused at the handshake, its
   payload never runs, and each run host listens on nothing but its TLS endpoint."""
   _need_hosts_and_xmanager()
   a, b, c = ADDRESSES['a'], ADDRESSES['b'], ADDRESSES['c']
   spec = {'replay': [f'{a}:7000'], 'learner': [f'{a}:7001'],
           'actor': [f'{a}:7100', f'{b}:7100', f'{c}:7100'], 'evaluator': [f'{c}:7101']}
-  replicas = {'a': 'replay/0,learner/0,actor/0', 'b': 'actor/1',
-              'c': 'actor/2,evaluator/0'}
+  replicas = {'a': 'replay/0,learner/0,actor/0', 'b': 'actor/1', 'c': 'actor/2'}
+  rejoin_c = 'actor/2,evaluator/0'  # C's second launcher brings the evaluator
   work, tmp = str(tmp_path), tmpdir_without_underscore('seedacmecluster')
   timings = {}
   started = time.monotonic()
@@ -216,13 +217,13 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
       # (a) Every actor serves: A's through shared memory, B's and C's through
       # Courier. The offer reaches them too (one boot id on every emulated host), but
       # its abstract socket lives in A's network namespace: they fall back, and say so.
-      serving = cluster.next_record(
-          lambda r: r.get('actors_serving') == 3 and r.get('evaluator_serving'),
-          'every actor and the evaluator to serve', 300, after=0)
+      serving = cluster.next_record(lambda r: r.get('actors_serving') == 3,
+                                    'every actor to serve', 300, after=0)
       timings['serving'] = time.monotonic() - started
       assert serving['actors_courier'] == 2 and serving['actors_shm'] == 1, serving
+      assert not serving.get('evaluator_serving'), serving
       assert 'requests through shared memory' in cluster.replica_log('a', 'actor/0')
-      for host, replica in (('b', 'actor/1'), ('c', 'actor/2'), ('c', 'evaluator/0')):
+      for host, replica in (('b', 'actor/1'), ('c', 'actor/2')):
         log = cluster.log_with(host, replica, '(courier)', 10)  # its first answer
         assert 'shared memory offered but not attached' in log, log[-2000:]
         assert 'requests through shared memory' not in log
@@ -230,7 +231,7 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
       # (f) An intruder on the bridge: every port of every run host refuses it at the
       # handshake; nothing it sent was parsed (its payload would have made `marker`).
       # Each host listens only on its spec address, at its replicas' ports.
-      for host, ports in (('a', (7000, 7001, 7100)), ('b', (7100,)), ('c', (7100, 7101))):
+      for host, ports in (('a', (7000, 7001, 7100)), ('b', (7100,)), ('c', (7100,))):
         assert _listening(hosts, host, work) == sorted(
             f'{ADDRESSES[host]}:{p}' for p in ports), host
       outcomes = _intrude(hosts, spec, work)
@@ -242,10 +243,9 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
       assert not os.path.exists(os.path.join(work, 'intruder-ran'))
 
       # (c) A lost host: everything on C killed. The run goes on without it, and the
-      # records say two of three actors serve, and no evaluator.
-      assert hosts.kill_host('c') >= 3  # launcher, actor and evaluator nodes, children
-      lost = cluster.next_record(lambda r: r.get('actors_serving') == 2
-                                 and not r.get('evaluator_serving'),
+      # records say two of three actors serve.
+      assert hosts.kill_host('c') >= 2  # launcher, actor node, its child
+      lost = cluster.next_record(lambda r: r.get('actors_serving') == 2,
                                  'the records to show C lost', 30)
       more = cluster.next_record(lambda r: r['env_steps'] > lost['env_steps'],
                                  'the run to go on without C', 30)
@@ -302,11 +302,14 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
 
       # (c, rejoin) C's launcher run again: its actor and the evaluator join the run,
       # which then reaches its target.
-      cluster.launch('c', replicas['c'])
+      cluster.launch('c', rejoin_c)
       rejoined = time.monotonic()
       cluster.next_record(lambda r: r.get('actors_serving') == 3 and
                           r.get('evaluator_serving'), 'C to rejoin', 240)
       timings['rejoin'] = time.monotonic() - rejoined
+      log = cluster.log_with('c', 'evaluator/0', '(courier)', 10)
+      assert 'shared memory offered but not attached' in log, log[-2000:]
+      assert 'requests through shared memory' not in log
       summary = cluster.wait_for('the run to end', cluster.summary, 300)
       for host, n in (('a', 1), ('b', 0), ('c', 1)):
         assert hosts.wait(cluster.launches[host][n], 60) == 0, host
