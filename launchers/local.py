@@ -10,8 +10,10 @@ nodes about to start) goes to stdout, where `bench/startup.py` reads it.
 """
 
 import argparse
+import builtins
 import datetime
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,8 +24,10 @@ from typing import Dict, List
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme.run import logdir as logdir_lib
 from seedacme.runtime import startup
-from seedacme.run.curves import write_curves
-from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
+from seedacme.envs.registry import factory_options
+from seedacme.run.curves import curve_title, write_curves
+from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args, env_options,
+                                              make_program_inputs, task_of)
 from seedacme.run.progress import format_line
 
 
@@ -148,6 +152,42 @@ def _refusal(problem: str, how_to_allow: str) -> str:
           'anyway (behind a firewall, or on a private network or VPN)')
 
 
+# Launchpad's worker manager counts its shutdown down in this process's stdout: 'Waiting
+# for workers to stop for 10s.' (coloured, ending in '\r'), once a second until the nodes
+# are gone. On a terminal it redraws one line; in a log or a pipe it is ten lines of
+# noise after the summary. Its other messages (a node that did not stop in time, a
+# crash) stay.
+_COUNTDOWN = re.compile(r'(\x1b\[[0-9;]*m)*Waiting for workers to stop for \d+s\.')
+
+
+def quiet_stop_countdown() -> None:
+  """Keeps Launchpad's shutdown countdown out of this process's output.
+
+  The countdown is a `print` in `launchpad.launch.worker_manager`; that module's global
+  name `print` is pointed at a filter that drops the countdown and passes everything
+  else on (the installed package is not edited). Idempotent.
+  """
+  from launchpad.launch import worker_manager  # pylint: disable=g-import-not-at-top
+  passes = worker_manager.__dict__.get('print', builtins.print)
+  if getattr(passes, 'drops_countdown', False):
+    return
+
+  def print_without_countdown(*args, **kwargs):
+    if args and isinstance(args[0], str) and _COUNTDOWN.match(args[0]):
+      return
+    passes(*args, **kwargs)
+
+  print_without_countdown.drops_countdown = True
+  worker_manager.print = print_without_countdown
+
+
+def run_title(args: argparse.Namespace) -> str:
+  """The learning curve's title: agent, env and the level or game the training envs
+  ran (the env's default when no flag named one: `--game` unset is Pong)."""
+  return curve_title(args.agent, args.env,
+                     task_of(factory_options(args.env, **env_options(args)[0])))
+
+
 def _own_command() -> List[str] | None:
   """This process's command line, to start it again; None for an interactive session
   or a script read from stdin."""
@@ -166,7 +206,9 @@ def launch(program, logdir: str, network: str = 'isolated'):
     the script runs again from its start in the namespace. Where that is impossible
     it raises `ExposureError` naming why; `network='host'` runs exposed anyway.
   * node logs go to `<logdir>/nodes/<group>/<i>`; actors and the evaluator get
-    `run_local`'s thread limits (`seedacme.nodes.program.local_resources`).
+    `run_local`'s thread limits (`seedacme.nodes.program.local_resources`);
+    Launchpad's shutdown countdown stays out of this process's output
+    (`quiet_stop_countdown`).
   """
   if network not in ('isolated', 'host'):
     raise ValueError(f"network must be 'isolated' or 'host', got {network!r}")
@@ -189,6 +231,7 @@ def launch(program, logdir: str, network: str = 'isolated'):
   # has imported it by now): point the module at the run's logdir as well.
   to_files._LOGGING_DIR = nodes  # pylint: disable=protected-access
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+  quiet_stop_countdown()
   return lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
                    terminal='output_to_files',
                    local_resources=program_lib.local_resources(program))
@@ -260,7 +303,7 @@ def main(argv: List[str] | None = None) -> int:
         console.event(f"seedacme: {record['event']}")
       else:
         console.progress(format_line(record))
-  console.event('')  # Launchpad's shutdown countdown ends without a newline.
+  console.event('')  # ends the progress line redrawn in place (a terminal's)
   logdir_lib.write_json(os.path.join(logdir, 'memory.json'), {'peak_rss_mb': peak_rss})
 
   if failure:
@@ -279,7 +322,7 @@ def main(argv: List[str] | None = None) -> int:
     print('seedacme: peak RSS per node (MB): ' + ', '.join(
         f'{node} {mb:.0f}' for node, mb in sorted(peak_rss.items())))
   try:
-    curves = write_curves(logdir, title=f'{args.agent} on {args.env}')
+    curves = write_curves(logdir, title=run_title(args))
     print(f"seedacme: learning curve {curves['png']} and {curves['csv']}")
   except Exception as e:  # pylint: disable=broad-except
     print(f'seedacme: could not write the learning curve: {e}', file=sys.stderr)

@@ -42,6 +42,13 @@ def full_windows(records: Sequence[Dict[str, Any]],
   return out
 
 
+def curve_title(agent: str, env: str, task: str | None = None) -> str:
+  """A plot's title: 'vtrace on atari: Pong' -- the agent, the env and the level, game
+  or scenario it ran (`task`; None for envs with one task, e.g. 'vtrace on catch').
+  Without the task, curves of different games of one env read the same."""
+  return f'{agent} on {env}' + (f': {task}' if task else '')
+
+
 def write_curves(logdir: str, title: str = '') -> Dict[str, str]:
   """Writes `curve.csv` and `curve.png` (return vs env steps); returns their paths.
 

@@ -153,12 +153,14 @@ class RunMonitor:
     self._clock_path = os.path.join(config.logdir, RUN_CLOCK)
     self._clock = {'first_start_unix': time.time(), 'elapsed_s': 0.0, 'starts': 1}
     self._elapsed_before = 0.0  # the run's seconds before this process's start
+    self._learner_steps_at_start = 0  # `learner_stepped`: has it stepped since?
 
   def restart_clock(self, learner_steps: int, resumed: bool = False) -> None:
     """Rates count from here (after a resume: from the restored counters); a resumed
     run's time continues from its clock in the logdir, a fresh one starts at 0."""
     self._start = time.monotonic()
     self._last = (self._start, self._acting.env_steps(), learner_steps)
+    self._learner_steps_at_start = learner_steps
     saved = None
     if resumed:
       try:
@@ -244,6 +246,10 @@ class RunMonitor:
     }
     record.update(self.actor_status())
     record.pop('transports', None)  # the summary's (`summarize`)
+    if self._config.train and 'actors' in record:
+      # Actors idle before the learner's first step are start-up, not a fault: the
+      # console line says so (`seedacme.run.progress.actors_part`).
+      record['learner_stepped'] = learner_steps > self._learner_steps_at_start
     record.update({f'trajectory_{k}': v for k, v in serving.trajectory_stats().items()})
     record.update({f'learner_{k}': v for k, v in learner_metrics.items()})
     return record

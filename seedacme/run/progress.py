@@ -96,6 +96,21 @@ def _fmt(value, spec: str) -> str:
       else format(value, spec)
 
 
+def actors_part(r: Dict[str, Any]) -> str:
+  """'actors 2/3 acting': actors the central node heard from within the interval.
+
+  Before this process's learner has taken its first step (`learner_stepped` False:
+  start-up, the learner still compiling or waiting for its first batch) actors that
+  are not acting yet are expected, so the line says it is start-up rather than leave a
+  bare 'actors 0/2' that reads as a fault.
+  """
+  acting, total = r.get('actors_serving'), r.get('actors')
+  text = f"actors {_fmt(acting, 'd')}/{total} acting"
+  if r.get('learner_stepped') is False and (acting or 0) < total:
+    text += " (start-up, before the learner's first step)"
+  return text
+
+
 def format_line(r: Dict[str, Any]) -> str:
   """One console line: time, env steps and rate, returns, learner, replay, batching."""
   g = r.get
@@ -112,7 +127,7 @@ def format_line(r: Dict[str, Any]) -> str:
   if g('learner_priority_updates') is not None:
     parts.append(f"priority updates {int(g('learner_priority_updates'))}")
   if g('actors') is not None:
-    parts.append(f"actors {_fmt(g('actors_serving'), 'd')}/{g('actors')} serving")
+    parts.append(actors_part(r))
   parts.append(f"batch fill {_fmt(g('batch_fill'), '.0%')}")
   parts.append(f"latency {_fmt(g('latency_ms'), '.1f')}ms p99 {_fmt(g('latency_p99_ms'), '.1f')}ms")
   return ' | '.join(parts)

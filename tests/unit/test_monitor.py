@@ -1,5 +1,6 @@
 """The run monitor: typed stop reasons, budgets and targets, and the summary it writes."""
 
+import dataclasses
 import json
 import os
 import time
@@ -182,12 +183,12 @@ def test_records_say_how_many_actors_serve_and_the_summary_each_ones_transport(t
   serving.contacts.mark(np.array([4, 5]), 'courier', now)  # half of actor/1's envs
   serving.contacts.mark(range(8, 12), 'courier', now - 30)  # actor/2: gone 30 s ago
   serving.contacts.mark(range(12, 14), 'courier', now)  # the evaluator
-  monitor.report(0, {})
+  monitor.report(5, {})  # the learner has stepped since the monitor's start
   record = read_progress(str(tmp_path))[-1]
   assert (record['actors'], record['actors_serving'], record['actors_shm'],
           record['actors_courier'], record['evaluator_serving']) == (3, 2, 1, 1, 1)
-  assert 'transports' not in record
-  assert 'actors 2/3 serving' in format_line(record)
+  assert 'transports' not in record and record['learner_stepped'] is True
+  assert '| actors 2/3 acting |' in format_line(record)
   summary = monitor.summarize(0, {}, StopReason(StopKind.STOP_REQUESTED), None)
   assert summary['transports'] == {'actor/0': 'shm', 'actor/1': 'courier',
                                    'actor/2': 'courier', 'evaluator/0': 'courier'}
@@ -196,3 +197,29 @@ def test_records_say_how_many_actors_serve_and_the_summary_each_ones_transport(t
   plain, _ = _monitor(tmp_path / 'plain')
   plain.report(0, {})
   assert 'actors' not in read_progress(str(tmp_path / 'plain'))[-1]
+
+
+def test_actors_idle_before_the_learners_first_step_read_as_start_up(tmp_path):
+  from seedacme.run.contacts import EnvContacts  # pylint: disable=g-import-not-at-top
+  from seedacme.run.progress import format_line  # pylint: disable=g-import-not-at-top
+  config = ProgramConfig(num_actors=2, envs_per_actor=4, logdir=str(tmp_path),
+                         max_seconds=None, progress_interval_s=5.0)
+  serving = _Serving()
+  serving.contacts = EnvContacts(config.num_envs)
+  monitor = RunMonitor(config, ActingLog(), serving)
+  monitor.restart_clock(100, resumed=False)  # e.g. restored at learner step 100
+  first = monitor.record(100, {})  # no actor heard from, the learner not stepped
+  assert first['learner_stepped'] is False
+  line = format_line(first)
+  assert "actors 0/2 acting (start-up, before the learner's first step)" in line
+  assert 'serving' not in line
+  serving.contacts.mark(range(0, 8), 'shm')
+  stepped = monitor.record(101, {})
+  assert stepped['learner_stepped'] is True
+  assert '| actors 2/2 acting |' in format_line(stepped)
+  serving.contacts.mark(range(4, 8), 'shm', time.monotonic() - 60)  # actor/1 gone
+  assert format_line(monitor.record(102, {})).count('actors 1/2 acting |') == 1
+  # Acting only: no learner to wait for, so no start-up note and no field.
+  acting_only = RunMonitor(dataclasses.replace(config, train=False), ActingLog(), serving)
+  record = acting_only.record(0, {})
+  assert 'learner_stepped' not in record and 'start-up' not in format_line(record)
