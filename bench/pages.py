@@ -322,8 +322,9 @@ def table(agent: str, root: str = REPO) -> str:
     curves = ', '.join(_link(p, 'png') for p in _pictures(row, root)) or '–'
     task = row.task
     if row.note:
-      notes.append(row.note)
-      task += f' ({len(notes)})'
+      if row.note not in notes:
+        notes.append(row.note)
+      task += f' ({notes.index(row.note) + 1})'
     lines.append(f'| {task} | {got.budget} | {got.measure} | {median} | {spread} | '
                  f'{greedy} | {_anchors(row.anchors)} | {data} | {curves} |')
     sources += [a for a in row.anchors if a not in sources]
