@@ -88,8 +88,7 @@ class Row:
 
 
 _ISSUE36 = 'issue 36 (CleanRL\'s `ppo_continuous_action` table, v4, 1M steps)'
-_ZOO = ('rl-baselines3-zoo\'s benchmark table, tuned `ppo`, 1M steps (the figure as given '
-        'for issue 50\'s agent pages)')
+_ZOO = 'rl-baselines3-zoo\'s `benchmark.md` (tuned `ppo`, 1M steps)'
 
 # Which published result feeds which row: the current one for each agent and task.
 ROWS: Tuple[Row, ...] = (
@@ -312,14 +311,16 @@ def table(agent: str, root: str = REPO) -> str:
            '| task | budget (env steps) | measured | median | range over seeds | '
            'greedy at end (median) | anchors | data | curves |',
            '|---|---|---|---|---|---|---|---|---|']
-  sources, notes = [], []
+  sources, notes, shown = [], [], []
   for row in rows:
     got = figures(row, root)
     fmt = _steps if row.measure in ('steps_to', 'solve_steps') else _number
     median, spread = _median_and_range(got.values, fmt)
     greedy = _number(statistics.median(got.greedy)) if got.greedy else '–'
     data = ', '.join(_link(f, os.path.splitext(f)[0]) for f in got.files)
-    curves = ', '.join(_link(p, 'png') for p in _pictures(row, root)) or '–'
+    pictures = _pictures(row, root)
+    curves = ', '.join(_link(p, 'png') for p in pictures) or '–'
+    shown += [(row.task, p) for p in pictures if p not in [q for _, q in shown]]
     task = row.task
     if row.note:
       if row.note not in notes:
@@ -339,6 +340,9 @@ def table(agent: str, root: str = REPO) -> str:
               '; '.join(f'{task} at {budget} ({_anchors(anchors)})'
                         for task, budget, anchors in not_run) + '.']
     sources += [a for _, _, anchors in not_run for a in anchors if a not in sources]
+  if shown:
+    lines += ['', 'The curves published beside those JSONs (returns against env steps):', '']
+    lines += [f'![{task}: {os.path.splitext(p)[0]}]({LINK_PREFIX}{p})' for task, p in shown]
   if sources:
     by_source: Dict[str, List[str]] = {}
     for a in sources:
