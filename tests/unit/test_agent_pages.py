@@ -5,7 +5,8 @@
 figure in it is typed by hand. This regenerates every page in memory and fails, naming
 the page and the command that rewrites it, when the page differs (a result republished,
 a row changed in `bench/pages.py`'s `ROWS`, or a hand edit), and fails naming the file
-when a row's JSON is missing. Bazel ships bench/pages.py, the pages and the JSONs with
+when a row's JSON is missing. The pages' defaults tables are typed, so they are checked
+for names only: every setting they name is still a field of the agent's config. Bazel ships bench/pages.py, the pages and the JSONs with
 the unit tests (BUILD, `unit_test_support`).
 """
 
@@ -74,3 +75,32 @@ def test_median_and_range_over_seeds():
   assert pages._steps(1_500_000, exact=True) == '1.5M'
   assert pages._steps(300_000, exact=True) == '300k'
   assert pages._steps(1_289_056) == '1.29M'
+
+
+def _config_fields(agent):
+  """The fields of `agents/<agent>/config.py`'s dataclass, read without importing it."""
+  import ast  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(pages.REPO, 'agents', agent, 'config.py')) as f:
+    tree = ast.parse(f.read())
+  return {node.target.id for cls in tree.body if isinstance(cls, ast.ClassDef)
+          for node in cls.body if isinstance(node, ast.AnnAssign)}
+
+
+@pytest.mark.parametrize('agent', sorted(pages.PAGES))
+def test_defaults_name_fields_that_exist(agent):
+  """Every setting the page's defaults table names in backticks (`field` or
+  `field=value`) is a field of the agent's config, or a name in agents/registry.py
+  (an env option, a fit): a renamed field shows here, not in a user's failed run."""
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(pages.REPO, pages.PAGES[agent])) as f:
+    text = f.read()
+  section = text[text.index('## Defaults and why'):text.index('## Results')]
+  with open(os.path.join(pages.REPO, 'agents', 'registry.py')) as f:
+    registry = f.read()
+  fields = _config_fields(agent)
+  names = {token.split('=')[0] for token in re.findall(r'`([^`\s]+)`', section)}
+  unknown = sorted(name for name in names
+                   if re.fullmatch(r'_?[a-z][a-z0-9]*(_[a-z0-9]+)+', name)
+                   and name not in fields and name not in registry)
+  assert not unknown, (f'{pages.PAGES[agent]} names settings that are neither '
+                       f'{agent} config fields nor registry names: {unknown}')
