@@ -6,8 +6,9 @@ figure in it is typed by hand. This regenerates every page in memory and fails, 
 the page and the command that rewrites it, when the page differs (a result republished,
 a row changed in `bench/pages.py`'s `ROWS`, or a hand edit), and fails naming the file
 when a row's JSON is missing. The pages' defaults tables are typed, so they are checked
-for names only: every setting they name is still a field of the agent's config. Bazel ships bench/pages.py, the pages and the JSONs with
-the unit tests (BUILD, `unit_test_support`).
+for names only: every setting they name is still a field of the agent's config. Bazel
+ships bench/pages.py, the pages and the JSONs with the unit tests (BUILD,
+`unit_test_support`; the configs come with `:seedacme`).
 """
 
 import dataclasses
