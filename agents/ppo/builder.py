@@ -1,14 +1,20 @@
 """PPO's builder: a Reverb queue of unrolls, the action head's policy, the PPO learner."""
 
+from __future__ import annotations
+
 from typing import Any, Dict
 
-import tensorflow as tf
-
 from seedacme import builder as builder_lib
-from seedacme.agents.ppo import acting, learning, networks
+from seedacme import lazy
 from seedacme.agents.ppo.config import PPOConfig
-from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.types import EnvSpec
+
+# Imported at first use: a launcher builds the program without TensorFlow (seedacme.lazy).
+tf = lazy.load('tensorflow')
+acting = lazy.load('seedacme.agents.ppo.acting')
+learning = lazy.load('seedacme.agents.ppo.learning')
+networks = lazy.load('seedacme.agents.ppo.networks')
+datasets = lazy.load('seedacme.trajectories.datasets')
 
 
 def sampled_ahead(config: PPOConfig) -> int:
@@ -50,7 +56,7 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
     return acting.PPOPolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.PPOLearner:
-    batches = ReverbBatches(replay_client.server_address, self.table,
+    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size, prefetch=0,
                             max_in_flight=sampled_ahead(self.config))
     return learning.PPOLearner(networks_, self.config, batches,

@@ -1,23 +1,31 @@
 """R2D2's builder: a prioritized Reverb table of overlapping sequences, per-env
 epsilon-greedy on the server, the R2D2 learner with priority updates."""
 
+from __future__ import annotations
+
 import dataclasses
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
-import reverb
-import sonnet as snt
-import tensorflow as tf
 import tree
 
 from seedacme import builder as builder_lib
-from seedacme.agents.r2d2 import acting, learning, networks, priorities
+from seedacme import lazy
 from seedacme.agents.r2d2.config import R2D2Config
-from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.trajectories.limits import rate_limiter
 from seedacme.trajectories.sink import ReverbSequenceSink
 from seedacme.types import EnvSpec
 from seedacme.types import Nest
+
+# Imported at first use: a launcher builds the program without TensorFlow (seedacme.lazy).
+tf = lazy.load('tensorflow')
+snt = lazy.load('sonnet')
+reverb = lazy.load('reverb')
+acting = lazy.load('seedacme.agents.r2d2.acting')
+learning = lazy.load('seedacme.agents.r2d2.learning')
+networks = lazy.load('seedacme.agents.r2d2.networks')
+priorities = lazy.load('seedacme.agents.r2d2.priorities')
+datasets = lazy.load('seedacme.trajectories.datasets')
 
 
 
@@ -115,7 +123,7 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def make_learner(self, networks_: R2D2Networks, replay_client,
                    spec: EnvSpec) -> learning.R2D2Learner:
-    batches = ReverbBatches(replay_client.server_address, self.table,
+    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
                             self.config.sample_size, with_info=True)
     return learning.R2D2Learner(networks_.online, networks_.target, self.config, batches,
                                 replay_client, self.table,

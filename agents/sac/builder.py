@@ -6,21 +6,28 @@ Items are packed into one float32 column by default (`SACConfig.packed_items`,
 the CPU of packed ones, on the 2 cores the learner shares with acting.
 """
 
+from __future__ import annotations
+
 import functools
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
-import reverb
-import tensorflow as tf
 
 from seedacme import builder as builder_lib
-from seedacme.agents.sac import acting, learning, networks
+from seedacme import lazy
 from seedacme.agents.sac.config import SACConfig
-from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.trajectories.limits import rate_limiter
-from seedacme.trajectories.packing import PackedLayout
 from seedacme.trajectories.sink import ReverbSequenceSink
 from seedacme.types import EnvSpec, Nest
+
+# Imported at first use: a launcher builds the program without TensorFlow (seedacme.lazy).
+tf = lazy.load('tensorflow')
+reverb = lazy.load('reverb')
+acting = lazy.load('seedacme.agents.sac.acting')
+learning = lazy.load('seedacme.agents.sac.learning')
+networks = lazy.load('seedacme.agents.sac.networks')
+packing = lazy.load('seedacme.trajectories.packing')
+datasets = lazy.load('seedacme.trajectories.datasets')
 
 _FIELDS = ('observation', 'reward', 'discount', 'step_type')
 
@@ -52,12 +59,12 @@ class SACBuilder(builder_lib.SeedBuilder):
   def replay_capacity(self) -> Tuple[int, int]:
     return self.config.replay_size, self.item_steps
 
-  def layout(self, spec: EnvSpec) -> PackedLayout | None:
+  def layout(self, spec: EnvSpec) -> packing.PackedLayout | None:
     """How items are packed (None: `packed_items` off, one column per field)."""
     if not self.config.packed_items:
       return None
     obs_dtype = np.float32 if np.dtype(spec.dtype) == np.float64 else spec.dtype
-    return PackedLayout({'observation': (spec.observation_shape, obs_dtype),
+    return packing.PackedLayout({'observation': (spec.observation_shape, obs_dtype),
                          'reward': ((), np.float32), 'discount': ((), np.float32),
                          'step_type': ((), np.int8),
                          'raw_action': ((int(spec.action_size),), np.float32)})
@@ -97,7 +104,7 @@ class SACBuilder(builder_lib.SeedBuilder):
     return acting.SACPolicy(networks_.actor, spec, num_envs, seed=self.config.seed)
 
   @staticmethod
-  def _to_items(sequences: Nest, layout: PackedLayout | None = None
+  def _to_items(sequences: Nest, layout: packing.PackedLayout | None = None
                 ) -> List[Tuple[float, Dict[str, Any]]]:
     n = sequences['step_type'].shape[0]
     items = []
@@ -114,7 +121,7 @@ class SACBuilder(builder_lib.SeedBuilder):
                                   self._to_items, layout=self.layout(spec)))
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.SACLearner:
-    batches = ReverbBatches(replay_client.server_address, self.table,
+    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
                             self.config.sample_size)
     return learning.SACLearner(networks_, self.config, batches,
                                item_signature=self.item_signature(spec),

@@ -1,16 +1,22 @@
 """V-trace's builder: a Reverb queue of unrolls, a sampling policy, the V-trace learner."""
 
+from __future__ import annotations
+
 from typing import Any, Dict
 
-import tensorflow as tf
-
 from seedacme import builder as builder_lib
-from seedacme.agents.vtrace import acting, learning, networks
+from seedacme import lazy
 from seedacme.agents.vtrace.config import VTraceConfig
-from seedacme.distributions import make_action_head
-from seedacme.normalization import RunningNormalizer
-from seedacme.trajectories.datasets import ReverbBatches
 from seedacme.types import EnvSpec
+
+# Imported at first use: a launcher builds the program without TensorFlow (seedacme.lazy).
+tf = lazy.load('tensorflow')
+acting = lazy.load('seedacme.agents.vtrace.acting')
+learning = lazy.load('seedacme.agents.vtrace.learning')
+networks = lazy.load('seedacme.agents.vtrace.networks')
+distributions = lazy.load('seedacme.distributions')
+normalization = lazy.load('seedacme.normalization')
+datasets = lazy.load('seedacme.trajectories.datasets')
 
 
 class VTraceBuilder(builder_lib.UnrollQueueBuilder):
@@ -26,9 +32,11 @@ class VTraceBuilder(builder_lib.UnrollQueueBuilder):
 
   def _network(self, spec: EnvSpec):
     c = self.config
-    head = (make_action_head(spec, squash=c.squash, init_log_std=c.init_log_std)
+    head = (distributions.make_action_head(spec, squash=c.squash,
+                                           init_log_std=c.init_log_std)
             if spec.continuous else None)
-    normalizer = (RunningNormalizer(spec.observation_shape, clip=c.observation_clip)
+    normalizer = (normalization.RunningNormalizer(spec.observation_shape,
+                                                  clip=c.observation_clip)
                   if c.normalize_observations else None)
     return networks.make_network(c.core, spec.num_actions, c.hidden_sizes, c.lstm_size,
                                  c.torso, head, normalizer)
@@ -47,7 +55,7 @@ class VTraceBuilder(builder_lib.UnrollQueueBuilder):
     return acting.VTracePolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.VTraceLearner:
-    batches = ReverbBatches(replay_client.server_address, self.table,
+    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
                             self.config.batch_size)
     return learning.VTraceLearner(networks_, self.config, batches,
                                   item_signature=self.item_signature(spec))

@@ -27,7 +27,6 @@ from seedacme.actor.actor_side import run_actor_with_inference
 from seedacme.actor.env_actor import EnvActor, run_actor
 from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
-from seedacme.nodes.central import CentralNode
 from seedacme.nodes.central_process import SupervisedCentralNode
 from seedacme.nodes.replay import ReplayNode
 from seedacme.run import identity
@@ -95,6 +94,9 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
           payload=cloudpickle.dumps(central_args), replay_address=replay_node.reverb_address,
           courier_kwargs=courier_kwargs, standby=config.standby_restarts)
     else:
+      # Imported here: the central node's module imports TensorFlow (5 s here, 10-12 s
+      # at load 3), which a launcher of the default, supervised program never needs.
+      from seedacme.nodes.central import CentralNode  # pylint: disable=g-import-not-at-top
       node = lp.CourierNode(CentralNode, replay=replay,
                             courier_kwargs=courier_kwargs, **central_args)
     learner = program.add_node(node)

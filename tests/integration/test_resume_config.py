@@ -38,14 +38,14 @@ def test_a_resume_with_another_network_is_refused_by_the_launcher(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_a_checkpoint_that_does_not_match_stops_the_program_without_restarts(tmp_path):
-  from seedacme.agents import vtrace  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.vtrace import learning  # pylint: disable=g-import-not-at-top
   from seedacme.learner.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
   from seedacme.run.identity import run_identity  # pylint: disable=g-import-not-at-top
   logdir = str(tmp_path / 'logdir')
   # The checkpoint and config a feed-forward run of this command leaves.
   _, spec, builder, config = program_flags.make_program_inputs(
       local.parse_args(COMMAND + ['--max_seconds', '6']), logdir)
-  learner = vtrace.learning.VTraceLearner(builder.make_networks(spec), builder.config, None)
+  learner = learning.VTraceLearner(builder.make_networks(spec), builder.config, None)
   Checkpointer(os.path.join(logdir, 'checkpoints'), learner.checkpoint_state(),
                identity=run_identity(builder, spec, config)).save(
                    {'learner_steps': 0, 'env_steps': 0, 'episodes': 0})

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from seedacme.agents import r2d2, vtrace
+from seedacme.agents.vtrace import learning as vtrace_learning
 from seedacme.learner.checkpointing import Checkpointer, export_policy
 from seedacme.types import EnvSpec
 
@@ -29,7 +30,7 @@ def _vtrace_learner(core='lstm'):
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(core=core, lstm_size=8,
                                                      hidden_sizes=(8,), unroll_length=5))
   network = builder.make_networks(SPEC)
-  return network, vtrace.learning.VTraceLearner(network, builder.config, batches=None)
+  return network, vtrace_learning.VTraceLearner(network, builder.config, batches=None)
 
 
 def _flat(variables):
@@ -101,7 +102,7 @@ def _catch_learner(train=True, **config):
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(unroll_length=5, batch_size=4,
                                                      **config))
   network = builder.make_networks(CATCH)
-  learner = vtrace.learning.VTraceLearner(network, builder.config, batches=None)
+  learner = vtrace_learning.VTraceLearner(network, builder.config, batches=None)
   rng = np.random.default_rng(0)
   batch = {k: (tf.nest.map_structure(lambda s: tf.zeros((4,) + tuple(s.shape), s.dtype), v)
                if k == 'initial_state' else
@@ -158,13 +159,15 @@ def test_a_matching_restore_of_a_trained_learner_passes_with_its_optimizer_state
 def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
   """PPO (normalizer, reward statistics) and SAC (three optimizers) after an update."""
   from seedacme.agents import ppo, sac  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.ppo import learning as ppo_learning  # pylint: disable=g-import-not-at-top
+  from seedacme.agents.sac import learning as sac_learning  # pylint: disable=g-import-not-at-top
   continuous = EnvSpec((5,), 'float32', 0, (2,), (-1.0, -2.0), (1.0, 0.5))
 
   def sac_learner(train=True):
     config = sac.SACConfig(batch_size=8, min_replay_size=8, hidden_sizes=(16,))
     builder = sac.SACBuilder(config)
     nets = builder.make_networks(continuous)
-    learner = sac.learning.SACLearner(nets, config, None, builder.item_signature(continuous),
+    learner = sac_learning.SACLearner(nets, config, None, builder.item_signature(continuous),
                                       builder.layout(continuous))
     rng = np.random.default_rng(0)
     if train:
@@ -181,7 +184,7 @@ def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
     builder = ppo.PPOBuilder(config)
     network = builder.make_networks(continuous)
     signature = builder.item_signature(continuous)
-    learner = ppo.learning.PPOLearner(network, config, None, signature)
+    learner = ppo_learning.PPOLearner(network, config, None, signature)
     batch = {k: tf.ones((4,) + tuple(s.shape), s.dtype) for k, s in signature.items()}
     if train:
       learner.train_on(batch)
