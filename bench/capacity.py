@@ -3,27 +3,45 @@
     .venv/bin/python bench/capacity.py              # tables; writes bench/results/capacity.json
     .venv/bin/python bench/capacity.py --publish    # also bench/published/capacity.json
 
-Runs nothing: reads bench/published/*.json and predicts (docs/capacity.md). Every cost is
-a dataclass field naming the file and field it came from (`derive` recomputes them, a
-test compares), so a user can check the arithmetic and put in their own host. A batch
-of R requests of K envs costs the one server loop R x the transport's request cost +
-the compiled step's call + R*K x the forward pass per env, which an accelerator takes
-off the host (its time per batch: an assumption); an actor pays K env steps and its side
-of a request. Rate = min(CPU bound, pipeline bound). The pipeline is a convoy, as
-measured here: actors step together while the server idles, then wait while it serves
-every queued batch: N*K / (stepping + N/R x batch time), tending to the server loop's own
-limit as N grows. Where actors and server overlap, `ceiling` = min(CPU, server bounds).
+Runs nothing: reads bench/published/*.json and the GPU anchors (../shared/anchors/
+gpu-h200*.json: the project's Atari nets timed on an H200) and predicts
+(docs/capacity.md). Every cost is a dataclass field naming the file and field it came
+from (`derive` and `derive_devices` recompute them, a test compares), so a user can
+check the arithmetic and put in their own host; the few costs nothing measured say
+ASSUMED beside them. A batch of R requests of K envs costs the one server loop R x the
+transport's request cost + the compiled step's call + R*K x the forward pass per env,
+which an accelerator takes off the host: its time per batch is a measured curve
+(`Device`: end to end, frames from host memory to actions back, per device kind and
+framework; a TF 2.8 server's host-side call floor, measured here, comes on top). A
+learner on the same device takes its measured time per env step from it too. An actor
+pays K env steps and its side of a request. Rate = min(CPU bound, pipeline bound,
+learner bound). The pipeline is a convoy, as measured here: actors step together while
+the server idles, then wait while it serves every queued batch: N*K / (stepping + N/R x
+batch time), tending to the server loop's own limit as N grows. Where actors and server
+overlap, `ceiling` = min(CPU, server bounds).
+
+Why dataclasses of constants rather than a fit run at import: the model must say where
+each number came from and hold still between bench runs; the tests recompute every
+constant from its source and fail when a re-run bench moves one.
 """
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 PUBLISHED = os.path.join(BENCH, 'published')
+# The GPU anchors live beside the repository, not in it (measured on a leased H200 with
+# PyTorch and JAX, neither of which this project ships); `--publish` copies the files
+# into capacity.json so a tree without them (Bazel's runfiles) still holds the figures.
+ANCHORS = os.environ.get('SEEDACME_ANCHORS') or os.path.join(
+    os.path.dirname(BENCH), '..', 'shared', 'anchors')
+ANCHOR_FILES = ('gpu-h200.json', 'gpu-h200-jax.json')
 FRAMES_PER_STEP = {'catch': 1, 'pong': 4}  # bench/acting.py reports Pong in frames/s
 TOLERANCE = 0.25  # issue 26's acceptance: |predicted / measured - 1| <= 25 %
 
@@ -55,35 +73,110 @@ SHM = Transport('shm', 25.2, 2.45, 188.4, 83.8, 0.51)
 
 
 @dataclasses.dataclass(frozen=True)
+class Device:
+  """One accelerator kind and framework running one network, as a SEED server calls it.
+
+  `batch_us`: measured (batch of B envs, microseconds end to end: uint8 frames from host
+  memory, copy in, forward, sample, actions copied out), interpolated between the
+  measured batches; beyond the largest at its cost per env. A batch never costs more
+  per env than a smaller measured one (a server could split it), so more actors never
+  make the device slower per env. `learner_us_per_step`: device time of one learner
+  step per env step trained ([T=20, B=32] = 640 env steps per step); None: not
+  modelled. The framework's own host-side work is inside these times; a TF 2.8 server
+  pays its call floor on the host on top (`Host.host_call_us`).
+  """
+  name: str  # device kind and framework (and which run)
+  net: str
+  batch_us: Tuple[Tuple[int, float], ...]
+  learner_us_per_step: float | None
+
+  def time_us(self, b: float) -> float:
+    """Device time of one batch of `b` envs."""
+    pts = self.batch_us
+
+    def at(x):
+      if x <= pts[0][0]:
+        return pts[0][1]
+      for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if x <= b1:
+          return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
+      return pts[-1][1] * x / pts[-1][0]
+
+    return b * min([at(b) / b] + [t / x for x, t in pts if x <= b])
+
+
+def _line(name: str, net: str, call_us: float, us_per_env: float) -> Device:
+  """An ASSUMED device cost, call + B x per env (two points of that line)."""
+  return Device(name, net, ((1, call_us + us_per_env), (4096, call_us + 4096 * us_per_env)),
+                None)
+
+
+@dataclasses.dataclass(frozen=True)
 class Env:
   """An env with its policy network and learner, CPU microseconds per env step."""
   name: str
   env_us: float  # actor CPU per env step, stepping only
   env_threads: float  # cores an actor's engine keeps busy stepping its K envs
   policy_us_per_env: float  # forward pass per env on the central node's CPU
-  device_call_us: float  # ASSUMED: accelerator time per batch = call + B x per env
-  device_us_per_env: float
+  net: str  # its network's key in DEVICES (the device costs)
   actor_side_call_us: float  # actor-side inference: actor CPU per call and per env
   actor_side_us_per_env: float
   learner_us: float  # learner CPU per env step when it trains on the host's CPU
 
 
 # Catch, V-trace MLP 64-64. env: 2e6 / acting.json catch 2x16 ceiling_per_s. forward:
-# inference_service.json (seed - batcher) at K=64 minus at K=1, / 63. device: ASSUMED
-# ~0.1 ms per call (kernel launches). actor-side: acting_cpu.json catch
-# (actor_cpu_us_per_step - env) x K, mean of 2x1/2x16/2x64 (320/410/365). learner:
-# learner_speed_r2d2.json onednn 2e6 / transitions/s (R2D2's LSTM-64 step: the small-net
-# learner measured; the V-trace MLP's alone was not).
-CATCH = Env('catch', 14.5, 1.0, 0.46, 100.0, 0.2, 365.0, 0.0, 9.8)
+# inference_service.json (seed - batcher) at K=64 minus at K=1, / 63. actor-side:
+# acting_cpu.json catch (actor_cpu_us_per_step - env) x K, mean of 2x1/2x16/2x64
+# (320/410/365). learner: learner_speed_r2d2.json onednn 2e6 / transitions/s (R2D2's
+# LSTM-64 step: the small-net learner measured; the V-trace MLP's alone was not).
+CATCH = Env('catch', 14.5, 1.0, 0.46, 'catch_mlp', 365.0, 0.0, 9.8)
 # Pong, SEED's IMPALA ResNet torso (as bench/acting.py serves it). env: atari_engines.json
 # actor vector_sync 16 envs delay 0 cpu_us_per_env_step; threads: median cores_busy of
 # those actor_runs. forward: acting_cpu.json pong 2x16 central_learner_cpu_us_per_step
 # 2767.9 - Courier's (280.1 + 337.8) / 16 (that row's own rate check is then in-sample).
-# device: ASSUMED 0.3 ms + 25 us per env (1.9 ms at B=64; a Nature CNN batch of 64 takes
-# 1-2 ms on a V100, the ResNet longer: see the 2x row). actor-side: acting_cpu.json pong
-# actor_cpu_us_per_step 2918.5 - env. learner: learner_speed.json onednn 2e6 / transitions/s
-# (the Nature CNN's learner: the ResNet's was not measured).
-ATARI = Env('atari', 415.0, 1.43, 2729.3, 300.0, 25.0, 0.0, 2503.5, 823.5)
+# device: the ResNet + LSTM 256 (`impala_lstm`), the network measured on the GPU; the
+# acting bench's feed-forward ResNet lacks the LSTM, so a little slower than it would be.
+# actor-side: acting_cpu.json pong actor_cpu_us_per_step 2918.5 - env. learner:
+# learner_speed.json onednn 2e6 / transitions/s (the Nature CNN's learner on this CPU:
+# the ResNet's was not measured on a CPU).
+ATARI = Env('atari', 415.0, 1.43, 2729.3, 'impala_lstm', 0.0, 2503.5, 823.5)
+
+
+# Measured device costs: ../shared/anchors (`derive_devices` recomputes them). serve rows
+# (batch, end_to_end_ms x 1000); learn rows T=20 B=32 step_ms x 1000 / 640.
+# gpu-h200.json `serve` and `learn` (PyTorch 2.11, cuDNN, TF32; 2026-11-28):
+H200_TORCH_1 = {
+    'nature_cnn': Device('H200, PyTorch 2.11 (run 1)', 'nature_cnn', (
+        (1, 532.5), (8, 563.6), (32, 698.5), (64, 829.8), (128, 1099.1), (256, 1345.0),
+        (512, 2513.1), (1024, 4480.2), (2048, 10138.9)), 4.48125),
+    'impala_lstm': Device('H200, PyTorch 2.11 (run 1)', 'impala_lstm', (
+        (1, 1608.4), (8, 1773.1), (32, 1960.3), (64, 2160.8), (128, 2315.2), (256, 3062.8),
+        (512, 5038.8), (1024, 10408.6), (2048, 18637.6)), 27.939063),
+}
+# gpu-h200.json `second_run_same_day` and `second_run_learn` (same card kind, same day):
+H200_TORCH_2 = {
+    'nature_cnn': Device('H200, PyTorch 2.11 (run 2)', 'nature_cnn', (
+        (1, 455.5), (8, 570.6), (32, 738.9), (64, 887.6), (128, 1121.6), (256, 1726.2),
+        (512, 2634.3), (1024, 4729.3), (2048, 8564.4)), 3.671875),
+    'impala_lstm': Device('H200, PyTorch 2.11 (run 2)', 'impala_lstm', (
+        (1, 1140.6), (8, 1699.4), (32, 1917.8), (64, 2016.4), (128, 1915.0), (256, 2898.8),
+        (512, 5415.0), (1024, 9778.7), (2048, 18829.1)), 30.135938),
+}
+# gpu-h200-jax.json `serve` (JAX 0.11 / XLA, flax; within run 2's lease). Its learner was
+# not timed: run 2's PyTorch learner stands in (the slower of the two, said in the table).
+H200_JAX = {
+    'nature_cnn': Device('H200, JAX 0.11 / XLA', 'nature_cnn', (
+        (1, 1286.3), (32, 1273.2), (256, 1644.2), (1024, 5396.6)), 3.671875),
+    'impala_lstm': Device('H200, JAX 0.11 / XLA', 'impala_lstm', (
+        (1, 1917.3), (32, 1768.0), (256, 2679.9), (1024, 10429.8)), 30.135938),
+}
+# Catch's MLP on any accelerator: ASSUMED ~0.1 ms per call (kernel launches) + 0.2 us per
+# env, its learner's device time not modelled: nothing timed a small MLP on a GPU.
+CATCH_DEVICE = _line('any GPU, ASSUMED (not measured)', 'catch_mlp', 100.0, 0.2)
+DEVICES = {'h200-torch-1': {**H200_TORCH_1, 'catch_mlp': CATCH_DEVICE},
+           'h200-torch-2': {**H200_TORCH_2, 'catch_mlp': CATCH_DEVICE},
+           'h200-jax': {**H200_JAX, 'catch_mlp': CATCH_DEVICE}}
+FRAMES_PER_LEARNER_STEP = 20 * 32  # the anchors' [T, B] learner batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,50 +190,110 @@ class Host:
   actors_on_host: bool = True  # False: actors on other machines, over Courier
   link_rtt_us: float = 0.0  # network round trip to remote actors
   cpu_forward_threads: float = 8.0  # ASSUMED: cores one CPU forward pass can use
-  # Host CPU of a call the device runs: tf_call_floor.json trivial xla us_per_call.
+  # Host CPU of a call the device runs, on top of the device's measured time: TF 2.8's
+  # call floor on this machine, tf_call_floor.json trivial xla us_per_call (the anchors
+  # are PyTorch and JAX, whose own host-side work is inside their times).
   host_call_us: float = 105.0
-  device_slowdown: float = 1.0  # multiplies the device time (a sensitivity check)
+  device: str = 'h200-torch-1'  # the measured device costs (DEVICES) of its accelerator
+  devices: int = 1  # accelerators on the host
+  # 0: the learner shares the inference device (its time per env step is added to the
+  # device's); > 0: it has that many devices of its own (ASSUMED to scale linearly).
+  learner_devices: int = 0
+  # A learner sharing the device: True (ASSUMED), its steps fill the device while the
+  # actors step (only the device's total time binds); False, they queue with inference
+  # batches (the convoy's batch time grows by them: the pessimistic end).
+  learner_overlaps: bool = True
+  device_slowdown: float = 1.0  # ASSUMED: multiplies the device time (a slower card)
 
 
 THIS_MACHINE = Host('this machine', 2)
 
 
+def device_of(env: Env, host: Host) -> Device:
+  """The measured (or, for Catch, assumed) device costs of `env`'s net on `host`."""
+  return DEVICES[host.device][env.net]
+
+
+def learner_bound(env: Env, host: Host, devices: float) -> float:
+  """Env steps/s a learner on `devices` accelerators of their own trains at most (inf:
+  not on a device, or its device time not modelled)."""
+  learn = device_of(env, host).learner_us_per_step
+  if not (host.train and host.accelerator) or learn is None or devices <= 0:
+    return math.inf
+  return devices * 1e6 / (learn * host.device_slowdown)
+
+
 def central(env: Env, tr: Transport, host: Host, n: int, k: int,
-            device: bool | None = None) -> Dict[str, Any]:
-  """Central inference, N actors x K envs: predicted env steps/s and what binds it."""
-  if device is None:  # with an accelerator, inference runs wherever it is faster
-    options = [central(env, tr, host, n, k, d) for d in {False, host.accelerator}]
-    return max(options, key=lambda p: p['rate'])
+            device: bool | None = None, learner_on_device: bool | None = None
+            ) -> Dict[str, Any]:
+  """Central inference, N actors x K envs: predicted env steps/s and what binds it.
+
+  With an accelerator, inference (`device`) and a training run's learner
+  (`learner_on_device`) each run wherever the run is faster: None tries both."""
+  if device is None or learner_on_device is None:
+    on_device = {False, host.accelerator}
+    learner_options = on_device if host.train else {False}
+    options = [central(env, tr, host, n, k, d, ld)
+               for d in (on_device if device is None else {device})
+               for ld in (learner_options if learner_on_device is None
+                          else {learner_on_device})]
+    return max(options, key=lambda p: (p['rate'], p['ceiling']))  # ties: the higher ceiling
   free, r = host.cores - host.reserved_cores, max(1.0, tr.batch_fill * n)  # r: requests/batch
   b = r * k
   req = r * (tr.server_req_us + tr.server_req_us_per_env * k) + (
       host.host_call_us if device else tr.policy_call_us)
   fwd_cpu = 0.0 if device else b * env.policy_us_per_env
-  fwd = ((env.device_call_us + b * env.device_us_per_env) * host.device_slowdown if device
-         else fwd_cpu / min(free, host.cpu_forward_threads))
+  dev = device_of(env, host)
+  # The learner on the inference device (it has no devices of its own): its time per
+  # env step goes to that device.
+  shared = device and learner_on_device and host.learner_devices == 0
+  learn_us = (dev.learner_us_per_step * host.device_slowdown
+              if shared and host.train and dev.learner_us_per_step is not None else 0.0)
+  infer = dev.time_us(b) * host.device_slowdown if device else 0.0
+  learn = 0.0 if host.learner_overlaps else b * learn_us  # serialised with the batches
+  fwd = infer + learn if device else fwd_cpu / min(free, host.cpu_forward_threads)
   z_cpu = k * env.env_us + tr.actor_req_us  # an actor's CPU per round
   z_wall = k * env.env_us / env.env_threads + tr.actor_req_us + host.link_rtt_us
   if host.actors_on_host:  # the convoy steps all N actors at once on the free cores
     z_wall = max(z_wall, z_cpu * n / free)
   pipeline = n * k / (z_wall + n / r * (req + fwd)) * 1e6
   per_step = (req + fwd_cpu) / b + (z_cpu / k if host.actors_on_host else 0.0)
-  per_step += env.learner_us if host.train and not host.accelerator else 0.0
+  per_step += env.learner_us if host.train and not learner_on_device else 0.0
   cpu, server = free / per_step * 1e6, b / (req + fwd) * 1e6
+  if shared and learn_us and host.learner_overlaps:  # the device busy at most 100 %
+    learner, learner_name = 1e6 / (infer / b + learn_us), 'device: inference + learner'
+  elif learner_on_device and not shared:
+    learner = learner_bound(env, host, host.learner_devices or host.devices)
+    learner_name = 'learner devices'
+  else:
+    learner, learner_name = math.inf, ''
   parts = {'actors stepping': z_wall, 'server loop': n / r * req,
-           'device' if device else 'cpu forward': n / r * fwd}
-  return {'rate': min(cpu, pipeline), 'ceiling': min(cpu, server), 'cpu_bound': cpu,
-          'pipeline_bound': pipeline, 'server_bound': server, 'device': device,
-          'bound': 'cpu' if cpu <= pipeline else max(parts, key=parts.get),
+           'device' if device else 'cpu forward': n / r * (fwd - learn)}
+  if learn:
+    parts['device: learner'] = n / r * learn
+  rate = min(cpu, pipeline, learner)
+  bound = (learner_name if learner <= min(cpu, pipeline) else
+           'cpu' if cpu <= pipeline else max(parts, key=parts.get))
+  return {'rate': rate, 'ceiling': min(cpu, server, learner), 'cpu_bound': cpu,
+          'pipeline_bound': pipeline, 'server_bound': server, 'learner_bound': learner,
+          'device': device, 'learner_on_device': learner_on_device, 'bound': bound,
           'batch_envs': b, 'cpu_us_per_step': per_step}
 
 
 def actor_side(env: Env, host: Host, n: int, k: int) -> float:
-  """Actor-side inference (every actor its own network copy): env steps/s."""
-  per_step = env.env_us + env.actor_side_call_us / k + env.actor_side_us_per_env
-  per_step += env.learner_us if host.train and not host.accelerator else 0.0
+  """Actor-side inference (every actor its own network copy): env steps/s. A training
+  run's learner uses all of the host's accelerators (`learner_bound`) or its CPU,
+  whichever is faster."""
   one = k / (k * env.env_us / env.env_threads + env.actor_side_call_us
              + k * env.actor_side_us_per_env)  # one actor with a core of its own
-  return min((host.cores - host.reserved_cores) / per_step, n * one) * 1e6
+  rates = []
+  for on_device in {False, host.accelerator and host.train}:
+    per_step = env.env_us + env.actor_side_call_us / k + env.actor_side_us_per_env
+    per_step += env.learner_us if host.train and not on_device else 0.0
+    learner = learner_bound(env, host, host.devices) if on_device else math.inf
+    rates.append(min((host.cores - host.reserved_cores) / per_step * 1e6, n * one * 1e6,
+                     learner))
+  return max(rates)
 
 
 def saturation(env: Env, tr: Transport, host: Host, k: int, max_n: int = 4096):
@@ -258,48 +411,146 @@ def validate(published: str = PUBLISHED) -> List[Dict[str, Any]]:
   return rows
 
 
-# Hosts predicted for (training: the learner and its reserved cores counted), K=16.
-GPU16 = Host('16 cores + 1 V100', 16, accelerator=True, reserved_cores=2, train=True)
-GPU96 = Host('96 cores + 8 GPUs', 96, accelerator=True, reserved_cores=8, train=True)
+# Hosts predicted for (training: the learner and its reserved cores counted), K=16. Each
+# is predicted with every measured device run (DEVICES): the tables give the range.
+GPU16 = Host('16 cores + 1 H200', 16, accelerator=True, reserved_cores=2, train=True)
+GPU96 = Host('96 cores + 8 H200 (inference on 1, learner on 7)', 96, accelerator=True,
+             reserved_cores=8, train=True, devices=8, learner_devices=7)
 CPU32 = Host('32 cores, no accelerator', 32, reserved_cores=2, train=True)
-GPU12 = Host('12 cores + 1 GPU (an 8th of it)', 12, accelerator=True, reserved_cores=1,
-             train=True)
+GPU12 = Host('12 cores + 1 H200 (an 8th of the 96-core host)', 12, accelerator=True,
+             reserved_cores=1, train=True)
 HOSTS = [(GPU16, CATCH, SHM), (GPU16, ATARI, SHM),
-         (dataclasses.replace(GPU16, name='16 cores + 1 V100, device 2x slower',
+         (dataclasses.replace(GPU16, name='16 cores + 1 GPU 2x slower than the H200 (ASSUMED)',
                               device_slowdown=2.0), ATARI, SHM),
-         (dataclasses.replace(GPU16, name='16 cores + 1 V100, actors remote',
+         (dataclasses.replace(GPU16, name='16 cores + 1 H200, learner not overlapping',
+                              learner_overlaps=False), ATARI, SHM),
+         (dataclasses.replace(GPU16, name='16 cores + 1 H200, actors remote',
                               actors_on_host=False, link_rtt_us=200.0), ATARI, COURIER),
          (GPU96, CATCH, SHM), (GPU96, ATARI, SHM), (GPU12, ATARI, SHM), (CPU32, CATCH, SHM),
          (CPU32, ATARI, SHM)]
 
 
 def predict(k: int = 16) -> List[Dict[str, Any]]:
+  """Per host of HOSTS: the prediction with each measured device run, and the range."""
   rows = []
   for host, env, tr in HOSTS:
-    n, p = saturation(env, tr, host, k)
-    side = actor_side(env, host, 4096, k) if host.actors_on_host else float('nan')
+    runs = {}
+    for run in DEVICES:
+      h = dataclasses.replace(host, device=run)
+      n, p = saturation(env, tr, h, k)
+      side = actor_side(env, h, 4096, k) if h.actors_on_host else float('nan')
+      runs[run] = {'actors': n, 'central': p['rate'], 'ceiling': p['ceiling'],
+                   'bound': p['bound'], 'inference on': 'device' if p['device'] else 'cpu',
+                   'batch': round(p['batch_envs']), 'actor-side': side,
+                   'central / actor-side': p['rate'] / side}
+    lo = min(runs.values(), key=lambda r: r['central'])
+    hi = max(runs.values(), key=lambda r: r['central'])
+    ratios = [r['central / actor-side'] for r in runs.values()]
+    sides = [r['actor-side'] for r in runs.values()]
     rows.append({'host': host.name, 'env': f'{env.name}-like', 'transport': tr.name, 'K': k,
-                 'actors': n, 'central': p['rate'], 'ceiling': p['ceiling'], 'bound': p['bound'],
-                 'inference on': 'device' if p['device'] else 'cpu', 'batch': round(p['batch_envs']),
-                 'actor-side': side, 'central / actor-side': p['rate'] / side,
-                 'ceiling / actor-side': p['ceiling'] / side})
+                 'actors': f"{lo['actors']}-{hi['actors']}" if lo['actors'] != hi['actors']
+                 else str(lo['actors']),
+                 'central low': lo['central'], 'central high': hi['central'],
+                 'ceiling high': max(r['ceiling'] for r in runs.values()),
+                 'bound (slowest run)': lo['bound'], 'inference on': lo['inference on'],
+                 'batch': lo['batch'], 'actor-side low': min(sides),
+                 'actor-side high': max(sides), 'central / actor-side low': min(ratios),
+                 'central / actor-side high': max(ratios), 'runs': runs})
   return rows
+
+
+def device_table(batch: int = 256) -> List[Dict[str, Any]]:
+  """One device alone, per measured run and net: what it serves and trains (env steps/s),
+  at `batch` envs per call and at its best measured batch."""
+  rows = []
+  for nets in DEVICES.values():
+    for net in ('nature_cnn', 'impala_lstm'):
+      d = nets[net]
+      t = d.time_us(batch)
+      learn = d.learner_us_per_step
+      rows.append({'device': d.name, 'net': net, f'us/env at {batch}': t / batch,
+                   f'inference at {batch}': batch * 1e6 / t,
+                   '+ TF call floor': batch * 1e6 / (t + THIS_MACHINE.host_call_us),
+                   'best batch': max(d.batch_us, key=lambda p: p[0] / p[1])[0],
+                   'inference, best': max(b * 1e6 / us for b, us in d.batch_us),
+                   'learner': 1e6 / learn,
+                   f'inference + learner at {batch}': 1e6 / (t / batch + learn)})
+  return rows
+
+
+def read_anchors(directory: str = ANCHORS) -> Dict[str, Any] | None:
+  """{file name: its JSON} of the GPU anchors, or None where they are absent."""
+  paths = [os.path.join(directory, name) for name in ANCHOR_FILES]
+  if not all(os.path.isfile(p) for p in paths):
+    return None
+  out = {}
+  for name, path in zip(ANCHOR_FILES, paths):
+    with open(path, 'rb') as f:
+      raw = f.read()
+    out[name] = {'sha256': hashlib.sha256(raw).hexdigest(), 'content': json.loads(raw)}
+  return out
+
+
+def recorded_anchors(published: str = PUBLISHED) -> Dict[str, Any]:
+  """The anchors as `--publish` copied them into capacity.json (their files' sha256 and
+  content), for a tree without ../shared/anchors."""
+  return load('capacity.json', published)['anchors']
+
+
+def derive_devices(anchors: Dict[str, Any]) -> Dict[str, Any]:
+  """DEVICES' measured fields recomputed from the anchors (`read_anchors`' form):
+  {'<run>.<net>.batch_us': ((batch, us), ...), '<run>.<net>.learner_us_per_step': us}."""
+  torch, jax = (anchors[name]['content'] for name in ANCHOR_FILES)
+  serve = {'h200-torch-1': torch['serve'], 'h200-torch-2': torch['second_run_same_day'],
+           'h200-jax': jax['serve']}
+  learn = {'h200-torch-1': torch['learn'], 'h200-torch-2': torch['second_run_learn'],
+           'h200-jax': torch['second_run_learn']}  # JAX's learner was not timed
+  out = {}
+  for run in serve:
+    for net in ('nature_cnn', 'impala_lstm'):
+      out[f'{run}.{net}.batch_us'] = tuple(
+          (r['batch'], r['end_to_end_ms'] * 1e3) for r in serve[run] if r['net'] == net)
+      (step,) = [r for r in learn[run] if r['net'] == net and (r['T'], r['B']) == (20, 32)]
+      out[f'{run}.{net}.learner_us_per_step'] = step['step_ms'] * 1e3 / FRAMES_PER_LEARNER_STEP
+  return out
 
 
 def show(rows: List[Dict[str, Any]]) -> None:
   def fmt(v):
     return (('-' if v != v else f'{v:,.0f}' if abs(v) >= 100 else f'{v:.2f}')
             if isinstance(v, float) else str(v))
+  rows = [{k: v for k, v in r.items() if not isinstance(v, dict)} for r in rows]
   cells = [list(rows[0])] + [[fmt(v) for v in r.values()] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
   for line in cells:
     print('  '.join(v.rjust(w) for v, w in zip(line, widths)))
 
 
+def _finite(value: Any) -> Any:
+  """JSON without Infinity/NaN (strict parsers refuse them): None instead."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite(v) for v in value]
+  return value
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--publish', action='store_true', help='also bench/published/')
   args = parser.parse_args()
+  anchors = read_anchors()
+  if anchors is None:
+    print(f'capacity: the GPU anchors are not in {ANCHORS}: cannot check DEVICES against '
+          'them, nor copy them into capacity.json', file=sys.stderr)
+    return 2
+  drift = [k for k, v in derive_devices(anchors).items()
+           if not _close(getattr(DEVICES[k.split('.')[0]][k.split('.')[1]], k.split('.')[2]), v)]
+  if drift:
+    print(f'capacity: DEVICES differ from the anchors: {drift}', file=sys.stderr)
+    return 1
   checks, predictions, claimed = validate(), predict(), [r for r in validate() if r['claimed']]
   print('Validation: central inference here (2 cores, acting only); env steps/s (Pong: frames/4)')
   show(checks)
@@ -308,16 +559,33 @@ def main() -> int:
         f'±{TOLERANCE:.0%} (worst {worst:.2f}); unclaimed: '
         + ', '.join(f'{r["file"]} {r["env"]} {r["actors x K"]} {r["ratio"]:.2f}'
                     for r in checks if not r['claimed']))
-  print('\nPredictions (training, K=16; actors on the host unless remote; env steps/s)')
+  devices = device_table()
+  print('\nOne device alone (env steps/s; measured end to end, TF 2.8 floor added where said)')
+  show(devices)
+  print('\nPredictions (training, K=16; actors on the host unless remote; env steps/s; low-high '
+        'over the measured device runs)')
   show(predictions)
-  payload = {'tolerance': TOLERANCE, 'validation': checks, 'predictions': predictions, 'assumptions':
-             [dataclasses.asdict(x) for x in [COURIER, SHM, CATCH, ATARI] + [h for h, *_ in HOSTS]]}
+  payload = _finite({
+      'tolerance': TOLERANCE, 'validation': checks, 'devices': devices,
+      'predictions': predictions,
+      'assumptions': [dataclasses.asdict(x) for x in [COURIER, SHM, CATCH, ATARI]
+                      + [h for h, *_ in HOSTS]],
+      'device_costs': {run: {net: dataclasses.asdict(d) for net, d in nets.items()}
+                       for run, nets in DEVICES.items()},
+      'anchors': anchors})
   for out in [os.path.join(BENCH, 'results')] + ([PUBLISHED] if args.publish else []):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'capacity.json'), 'w') as f:
       json.dump(payload, f, indent=1)
     print(f'capacity: wrote {os.path.join(out, "capacity.json")}')
   return 0
+
+
+def _close(a: Any, b: Any) -> bool:
+  """Equal to the anchors' precision (1e-4 relative, or 0.01 us)."""
+  if isinstance(a, (tuple, list)):
+    return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+  return abs(a - b) <= max(1e-4 * abs(b), 0.01)
 
 
 if __name__ == '__main__':
