@@ -95,6 +95,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--replay_memory_gb', type=int, default=0,
                  help='0: sized from the replay table (see replay_memory_gb())')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
+  p.add_argument('--network', choices=('isolated', 'host'), default='isolated',
+                 help="isolated (default): refuse a real job, whose replicas would talk "
+                 "unauthenticated Courier and Reverb over the job's VPC network; host: "
+                 'launch it so, with the VPC as the only boundary (see VPC_EXPOSURE)')
   p.add_argument('--emulate', action='store_true',
                  help='build the real Vertex executables and run every replica as a local '
                  'process from its copied code, with a loopback CLUSTER_SPEC '
@@ -111,6 +115,22 @@ MOVED_TO_CLUSTER = ('vertex: --cluster_spec and --replicas (a run across your ow
                     'moved to `python -m seedacme.launchers.cluster <env> <agent> ... '
                     '--cluster_spec ... --replicas ...` (same program flags; see its '
                     '--dry_run); `vertex --emulate` alone runs every replica on this host')
+
+
+# A real job's replicas are containers on the job's VPC network. The TLS endpoint that
+# guards a cluster run (`launchers/cluster.py`: each host's servers in a private network
+# namespace, mutual TLS in front) needs that namespace, and Launchpad's Vertex images
+# run its own entrypoint, unprivileged: no namespace, no sidecar. So a real job is
+# refused unless the user names the exposure (issue 47: refuse with the reason).
+VPC_EXPOSURE = (
+    "a Vertex AI job's replicas would serve Courier and Reverb unauthenticated on the "
+    "job's VPC network: anything that reaches a replica's port there can send inference "
+    'requests and reports, and read, write or reset the replay (no TLS endpoint runs in '
+    "Launchpad's Vertex containers: it needs a private network namespace they cannot "
+    'make). Pass --network host to launch it so, with the VPC (its firewall rules and '
+    'who else runs there) as the boundary; or run on machines of your own with '
+    '`python -m seedacme.launchers.cluster` (or launchers/slurm), which put mutual TLS '
+    'between hosts; `--dry_run` and `--emulate` need neither')
 
 
 def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
@@ -304,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.cluster_spec or args.replicas:
     print(MOVED_TO_CLUSTER, file=sys.stderr)
     return 2
+  if not (args.dry_run or args.emulate):
+    if args.network != 'host':
+      print(f'vertex: refused: {VPC_EXPOSURE}', file=sys.stderr)
+      return 2
+    print(f'vertex: --network host: {VPC_EXPOSURE.split(" (no TLS")[0]}', file=sys.stderr)
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 

@@ -237,3 +237,26 @@ def test_vertex_emulate_sends_a_cluster_spec_to_the_cluster_launcher(capsys):
   code = vertex.main(['catch', 'vtrace', '2', '--emulate', '--cluster_spec', '{}'])
   assert code == 2
   assert 'python -m seedacme.launchers.cluster' in capsys.readouterr().err
+
+
+def test_a_real_vertex_job_is_refused_unless_the_user_names_the_vpc_exposure(
+    capsys, monkeypatch):
+  """No TLS endpoint runs in Launchpad's Vertex containers (issue 47): a real launch
+  says why and stops before any cloud call; --network host goes on to the cloud checks,
+  saying what is exposed; a dry run and --emulate need no flag (test_vertex_emulation)."""
+  monkeypatch.setattr(vertex, '_check_cloud_setup', lambda: ['no credentials here'])
+  monkeypatch.setattr(vertex, 'stage_code_directory', lambda: vertex.REPO_ROOT)
+  monkeypatch.setattr(vertex, 'temp_dir_error', lambda: None)
+  assert vertex.main(['catch', 'vtrace', '2']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('vertex: refused: ') and 'unauthenticated' in err, err
+  assert '--network host' in err and 'launchers.cluster' in err
+  assert 'cannot launch' not in err  # refused before the cloud checks
+
+  assert vertex.main(['catch', 'vtrace', '2', '--network', 'host']) == 2
+  err = capsys.readouterr().err
+  assert 'vertex: --network host: ' in err and 'refused' not in err, err
+  assert 'cannot launch:\n  no credentials here' in err
+
+  code, plan = _dry_run_json(capsys, 'catch', 'vtrace', '2')
+  assert code == 0 and plan['valid']
