@@ -566,6 +566,7 @@ def main() -> int:
         'over the measured device runs)')
   show(predictions)
   payload = _finite({
+      'command': '.venv/bin/python bench/capacity.py' + (' --publish' if args.publish else ''),
       'tolerance': TOLERANCE, 'validation': checks, 'devices': devices,
       'predictions': predictions,
       'assumptions': [dataclasses.asdict(x) for x in [COURIER, SHM, CATCH, ATARI]
