@@ -2,6 +2,13 @@
 
     .venv/bin/python bench/startup.py            # Catch V-trace, then MuJoCo PPO (~3 minutes)
     .venv/bin/python bench/startup.py --quick    # Catch V-trace only (~1 minute)
+    .venv/bin/python bench/startup.py --before /tmp/old --rounds 2   # before/after
+
+`--before CHECKOUT`: the same jobs from another checkout of the repository (e.g. `git
+worktree add /tmp/old <commit>`), alternating before, after, before, ... so both see the
+same load drift; prints per job the median of each side's launch to first env step and
+the ratio, and writes every round. The other checkout runs with this venv and its own
+code (`python -m seedacme.launchers.local` from its root).
 
 Issue 48 ("measure first"). Each job is the command a user types
 (`scripts/run_local catch vtrace 2 --max_seconds 30`; `scripts/run_local mujoco ppo 2 8
@@ -29,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -207,20 +215,28 @@ def _stop(proc: subprocess.Popen, tag: str) -> None:
       pass
 
 
-def run_job(name: str, args: List[str], timeout_s: float) -> Dict[str, Any]:
-  """Runs `scripts/run_local <args> --logdir <own temp dir>`; its phases as read back."""
+def run_job(name: str, args: List[str], timeout_s: float,
+            checkout: str | None = None) -> Dict[str, Any]:
+  """Runs `scripts/run_local <args> --logdir <own temp dir>` (of `checkout`: its own
+  code, this venv's Python); its phases as read back."""
   workdir = tempfile.mkdtemp(prefix=f'seedacme_bench_startup_{name}_')
   logdir = os.path.join(workdir, 'logdir')
   stdout_path = os.path.join(workdir, 'stdout.txt')
-  command = [os.path.join('scripts', 'run_local'), *args, '--logdir', logdir]
+  if checkout is None:
+    command = [os.path.join('scripts', 'run_local'), *args, '--logdir', logdir]
+  else:
+    command = [sys.executable, '-m', 'seedacme.launchers.local', *args, '--logdir', logdir]
   tag = uuid.uuid4().hex
   load_before = list(os.getloadavg())
   print(f'startup: {name}: {" ".join(command)} (load {load_before[0]:.2f} '
         f'{load_before[1]:.2f} {load_before[2]:.2f})', flush=True)
   with open(stdout_path, 'w') as out:
     t0 = time.time()
-    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                            env=dict(os.environ, **{TAG_VAR: tag}), start_new_session=True)
+    env = dict(os.environ, **{TAG_VAR: tag})
+    if checkout is not None:
+      env['PYTHONPATH'] = checkout
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                            cwd=checkout or REPO, env=env, start_new_session=True)
     timed_out = False
     try:
       proc.wait(timeout_s)
@@ -237,7 +253,8 @@ def run_job(name: str, args: List[str], timeout_s: float) -> Dict[str, Any]:
   _stop(proc, tag)
   load_after = list(os.getloadavg())
   processes = read_processes(logdir, stdout_path, time.localtime(t0).tm_year)
-  result = {'name': name, 'command': command, 'started_at': t0, 'exit_code': code,
+  result = {'name': name, 'checkout': checkout or REPO, 'command': command,
+            'started_at': t0, 'exit_code': code,
             'timed_out': timed_out, 'leftovers': leftovers, 'wall_s': wall_s,
             'load_before': load_before, 'load_after': load_after,
             'processes': processes, 'rows': phase_rows(processes, t0),
@@ -270,20 +287,58 @@ def print_job(job: Dict[str, Any]) -> None:
                                       for r in s['largest_steps']))
 
 
+def compare(results: List[Dict[str, Any]], before: str) -> List[Dict[str, Any]]:
+  """Per job: each side's median launch to first env step (and central serving), the
+  ratio after/before, and the loads the runs saw."""
+  rows = []
+  for name in dict.fromkeys(r['name'] for r in results):
+    side = {}
+    for label, path in (('before', before), ('after', REPO)):
+      runs = [r for r in results if r['name'] == name and r['checkout'] == path]
+      def med(key, runs=runs):
+        values = [r['summary'][key] for r in runs if r['summary'][key] is not None]
+        return statistics.median(values) if values else None
+      side[label] = {'first_step_s': med('launch_to_first_env_step_s'),
+                     'serving_s': med('central_serving_s'),
+                     'launching_s': med('launcher_launching_s'),
+                     'loads': [round(r['load_before'][0], 2) for r in runs]}
+    b, a = side['before']['first_step_s'], side['after']['first_step_s']
+    rows.append({'job': name, **{f'{k}_{label}': v for label in ('before', 'after')
+                                 for k, v in side[label].items()},
+                 'ratio_after_before': round(a / b, 3) if a and b else None})
+  return rows
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true', help='the Catch job only')
+  parser.add_argument('--before', default=None,
+                      help='another checkout: run its jobs alternately with this one\'s')
+  parser.add_argument('--rounds', type=int, default=1,
+                      help='with --before: before/after pairs per job')
   parser.add_argument('--out', default=None,
                       help='name of the JSON in bench/results/ (default startup[_quick].json)')
   args = parser.parse_args()
   jobs = JOBS[:1] if args.quick else JOBS
+  before = os.path.abspath(args.before) if args.before else None
+  sides = [before, None] if before else [None]
   results = []
-  for name, job_args in jobs:
-    seconds = float(job_args[job_args.index('--max_seconds') + 1])
-    results.append(run_job(name, job_args, timeout_s=seconds + 240))
-    print_job(results[-1])
+  for _ in range(args.rounds if before else 1):
+    for name, job_args in jobs:
+      seconds = float(job_args[job_args.index('--max_seconds') + 1])
+      for checkout in sides:
+        results.append(run_job(name, job_args, timeout_s=seconds + 240, checkout=checkout))
+        print_job(results[-1])
+  extra = {}
+  if before:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=before, capture_output=True,
+                          text=True, check=False).stdout.strip()
+    extra = {'before': {'checkout': before, 'commit': head},
+             'comparison': compare(results, before)}
+    print('\nbefore/after (median over rounds; loads: 1-minute average at each start)')
+    print_table(extra['comparison'], list(extra['comparison'][0]))
   path = write_json(args.out or ('startup_quick.json' if args.quick else 'startup.json'),
-                    {'machine': machine(), **commit(), 'jobs': results})
+                    {'machine': machine(), **commit(), **extra, 'jobs': results})
   print(f'\nstartup: wrote {path}')
   return 1 if any(r['exit_code'] != 0 or r['leftovers'] for r in results) else 0
 
