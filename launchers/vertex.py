@@ -304,7 +304,7 @@ def temp_dir_error() -> str | None:
           f'cannot use for Vertex executables; set TMPDIR to a path without "_"')
 
 
-def _check_cloud_setup() -> List[str]:
+def check_cloud_setup() -> List[str]:
   problems = []
   if not os.environ.get('GOOGLE_CLOUD_BUCKET_NAME'):
     problems.append('set GOOGLE_CLOUD_BUCKET_NAME to a GCS bucket for job files and logs')
@@ -385,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 2
     return emulation.run(program, {p.name: p.nodes for p in pools}, xm_resources(pools),
                          logdir, args.emulate_logs, launcher='vertex --emulate')
-  problems = _check_cloud_setup()
+  problems = check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)
     return 2

@@ -244,7 +244,7 @@ def test_a_real_vertex_job_is_refused_unless_the_user_names_the_vpc_exposure(
   """No TLS endpoint runs in Launchpad's Vertex containers (issue 47): a real launch
   says why and stops before any cloud call; --network host goes on to the cloud checks,
   saying what is exposed; a dry run and --emulate need no flag (test_vertex_emulation)."""
-  monkeypatch.setattr(vertex, '_check_cloud_setup', lambda: ['no credentials here'])
+  monkeypatch.setattr(vertex, 'check_cloud_setup', lambda: ['no credentials here'])
   monkeypatch.setattr(vertex, 'stage_code_directory', lambda: vertex.REPO_ROOT)
   monkeypatch.setattr(vertex, 'temp_dir_error', lambda: None)
   assert vertex.main(['catch', 'vtrace', '2']) == 2
