@@ -35,13 +35,19 @@ def _make_dmlab(seed: int, level: str = 'explore_goal_locations_small') -> dm_en
 
 def _make_mujoco(seed: int, level: str = 'HalfCheetah-v5',
                  max_episode_steps: int | None = None,
-                 random_first_episode: bool = False) -> dm_env.Environment:
+                 random_first_episode: bool = False,
+                 contact_forces: bool | None = None) -> dm_env.Environment:
   """A gymnasium MuJoCo task; `max_episode_steps=None` keeps gymnasium's (1000).
   `random_first_episode`: the first episode cut at a random length (envs/gym_adapter.py:
-  decorrelates lockstepped envs' episode phases)."""
+  decorrelates lockstepped envs' episode phases). `contact_forces`: whether the
+  observation holds the bodies' external contact forces (gymnasium's
+  `include_cfrc_ext_in_observation`, Ant and Humanoid; None: the task's default, in
+  Ant-v5 78 of its 105 dims, where v4's default had none of them)."""
   import gymnasium
   from seedacme.envs import gym_adapter
   kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
+  if contact_forces is not None:
+    kwargs['include_cfrc_ext_in_observation'] = contact_forces
   kwargs['random_first_episode'] = random_first_episode
   try:
     return gym_adapter.make_gymnasium(level, seed, **kwargs)

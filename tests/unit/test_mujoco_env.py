@@ -88,3 +88,16 @@ def test_seeds_repeat_and_differ():
            for seed in (3, 3, 4)]
   np.testing.assert_array_equal(first[0], first[1])
   assert not np.array_equal(first[0], first[2])
+
+
+def test_ant_without_contact_forces_keeps_the_27_dims_of_v4s_default():
+  """Ant-v5's default observation holds 78 dims of contact forces (105 in all); the
+  `contact_forces` option turns them off (issue 51's first switch)."""
+  from seedacme.envs import registry  # pylint: disable=g-import-not-at-top
+  with_forces = registry.make_factory('mujoco', level='Ant-v5')(0)
+  without = registry.make_factory('mujoco', level='Ant-v5', contact_forces=False)(0)
+  assert with_forces.observation_spec().shape == (105,)
+  assert without.observation_spec().shape == (27,)
+  step = without.reset()
+  assert step.observation.shape == (27,)
+  assert registry.factory_options('mujoco', level='Ant-v5')['contact_forces'] is None

@@ -98,4 +98,4 @@ def test_the_resolved_run_is_what_the_launcher_builds(argv):
   assert {k: env_config[k] for k in config.env_args} == config.env_args
   if args.env == 'mujoco':
     assert env_config == {'level': 'HalfCheetah-v5', 'max_episode_steps': None,
-                          'random_first_episode': True}
+                          'random_first_episode': True, 'contact_forces': None}
