@@ -40,6 +40,7 @@ import numpy as np
 
 import harness
 from seedacme import envs
+from seedacme.run import curves as curves_lib
 from seedacme.run.curves import write_curves
 
 REPO = harness.REPO
@@ -178,6 +179,10 @@ def learning(args: argparse.Namespace, passthrough: List[str]) -> int:
       'curve': [{k: r.get(k) for k in ('elapsed_s', 'env_steps', 'average_return',
                                         'eval_average_return')} for r in run.records],
       'random_policy': random, 'learned_policy': learned, 'curves': curves,
+      'seed_curves': curves_lib.seed_curves(every := curves_lib.curve_step(
+          summary.get('env_steps') or 1), [{
+              'name': LEARNING_SCENARIO, 'task': LEARNING_SCENARIO, 'agent': 'vtrace',
+              'seed': 0, **curves_lib.published_curve(run.records, every)}]),
       'leftovers': outcome['leftovers']}
   name = 'football_learning_smoke.json' if args.smoke else 'football_learning.json'
   with open(os.path.join(logdir, 'learning_summary.json'), 'w') as f:

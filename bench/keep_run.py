@@ -1,9 +1,10 @@
-"""Keeps what a resumable run needs to go on in a later checkout, in a folder under git.
+"""Keeps what a resumable run needs to go on in a later checkout, outside the checkout.
 
-    .venv/bin/python bench/keep_run.py runs/pong_learning_r2d2 \
-        bench/published/runs/pong_learning_r2d2 --checkpoint
-    # later, in a new checkout:
-    cp -r bench/published/runs/pong_learning_r2d2 runs/   # then the run's own command
+    .venv/bin/python bench/keep_run.py runs/pong_learning_r2d2 --checkpoint
+    # -> ~/.cache/seedacme/kept_runs/pong_learning_r2d2 (or $SEEDACME_KEEP_DIR/..., --dest)
+    # later, in a new checkout (or on another machine, after copying that folder there):
+    mkdir -p runs && cp -r ~/.cache/seedacme/kept_runs/pong_learning_r2d2 runs/
+    # then the run's own command: the learner resumes at the kept checkpoint
 
 A run's logdir is not in git (`runs/`, `bench/results/`), and a session's machine does not
 outlive it, so a run longer than a session (R2D2 on Pong: ~4-5 hours to 5M env steps
@@ -15,6 +16,29 @@ run's saved config beside it (`run_config.json`: without it a resume is refused,
 nothing says the checkpoint is that run's; `seedacme.run.identity`). It never
 copies the replay's checkpoints (GBs: a resumed run refills its replay) nor the node
 logs. The run then resumes exactly where its learner was, with an empty replay.
+
+Where it goes: `--dest`, else `$SEEDACME_KEEP_DIR/<logdir's name>`, else
+`~/.cache/seedacme/kept_runs/<logdir's name>`; never inside this checkout. Kept runs
+used to live in git under bench/published/; a 40 MB checkpoint per run made the clone
+the size of its run dumps, and a result once published is its JSON and picture
+(bench/published/<result>.json: command, commit, config, machine and load, per-seed
+curves, final figures), so a kept run is only what resumes a run still in progress.
+Carry the folder to the next machine yourself (or point $SEEDACME_KEEP_DIR at storage
+that outlives the session).
+
+Continuing a multi-seed MuJoCo study (`bench/mujoco_learning.py`) in a new checkout: its
+finished seeds are read back from its published JSON when the command's settings match
+(nothing to copy); a seed stopped before its budget resumes from its checkpoint only once
+its kept folder is copied back to the logdir the bench uses:
+
+    .venv/bin/python bench/keep_run.py \
+        bench/results/mujoco/mujoco_learning_sac/HalfCheetah-v5_sac_s1 --checkpoint \
+        --dest ~/.cache/seedacme/kept_runs/mujoco_learning_sac/HalfCheetah-v5_sac_s1
+    # new checkout:
+    mkdir -p bench/results/mujoco && \
+        cp -r ~/.cache/seedacme/kept_runs/mujoco_learning_sac bench/results/mujoco/
+
+then run the study's command again (its JSON's `command`): only the missing seeds run.
 """
 
 import argparse
@@ -68,15 +92,39 @@ def keep(logdir: str, dest: str, checkpoint: bool) -> int:
   return copied
 
 
+KEEP_DIR_VAR = 'SEEDACME_KEEP_DIR'
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_dest(logdir: str) -> str:
+  """$SEEDACME_KEEP_DIR/<name>, else ~/.cache/seedacme/kept_runs/<name>."""
+  root = os.environ.get(KEEP_DIR_VAR) or os.path.join(
+      os.path.expanduser('~'), '.cache', 'seedacme', 'kept_runs')
+  return os.path.join(root, os.path.basename(os.path.normpath(logdir)))
+
+
+def inside_checkout(path: str, repo: str = REPO) -> bool:
+  """Whether `path` is in this checkout (where git would carry it, or lose it with it)."""
+  path, repo = os.path.realpath(path), os.path.realpath(repo)
+  return os.path.isdir(os.path.join(repo, '.git')) and (
+      path == repo or path.startswith(repo + os.sep))
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('logdir')
-  parser.add_argument('dest')
+  parser.add_argument('--dest', default=None,
+                      help=f'the kept folder (default ${KEEP_DIR_VAR}/<logdir name>, else '
+                      '~/.cache/seedacme/kept_runs/<logdir name>); not in this checkout')
   parser.add_argument('--checkpoint', action='store_true',
                       help="also the newest learner checkpoint (to resume the run)")
   args = parser.parse_args()
-  copied = keep(args.logdir, args.dest, args.checkpoint)
-  print(f'keep_run: {copied / 1e6:.1f} MB from {args.logdir} in {args.dest}')
+  dest = os.path.expanduser(args.dest) if args.dest else default_dest(args.logdir)
+  if inside_checkout(dest):
+    raise SystemExit(f'keep_run: {dest} is inside this checkout: kept runs go outside it '
+                     f'(--dest or ${KEEP_DIR_VAR}); a published result is its JSON')
+  copied = keep(args.logdir, dest, args.checkpoint)
+  print(f'keep_run: {copied / 1e6:.1f} MB from {args.logdir} in {dest}')
   return 0
 
 

@@ -8,10 +8,15 @@ Each `task:agent:seed` is one `run_local mujoco <agent> <actors> <envs_per_actor
 `--agent_config` and the arguments after `--`), one after the other, its logdir
 bench/results/mujoco/<out>/<task>_<agent>_s<seed>/. Resumable: a run whose summary.json
 reached the env-step budget (or diverged: it would resume into the same divergence) is
-read back, not rerun; any other is launched again on its logdir, and the central node
-resumes it from <logdir>/checkpoints (saved every 60 s and at the end;
-seedacme/nodes/central.py); its time budget counts over every start. So the same command continues a
-session that was stopped or capped; a study with other overrides needs its own `--out`.
+read back, not rerun; so is a finished run that bench/published/<out>.json holds, when
+that file ran the same settings (env steps, actors, envs, overrides) and the logdir is
+empty: its figures and curve come from the JSON, so a new checkout continues a study
+without the run folders. Any other run is launched again on its logdir, and the central
+node resumes it from <logdir>/checkpoints (saved every 60 s and at the end;
+seedacme/nodes/central.py); its time budget counts over every start. So the same command
+continues a session that was stopped or capped; a study with other overrides needs its
+own `--out`. A stopped run resumes in another checkout only from its folder: keep it
+with bench/keep_run.py (outside the checkout) and copy it back to its logdir first.
 
 Per run: env steps, wall and run time, the training average (last 100 episodes) at the
 end with the episodes it covers (fewer than 100 when a resume near the end left too
@@ -23,14 +28,15 @@ what it ran with: `agent_config_full` (the agent's config dataclass after the re
 defaults and the overrides) and `env_config_full` (the training envs' options, the
 agent's training-env defaults included), from the run's saved run_config.json, else
 resolved from its arguments by the launcher's code (`harness.run_configs`).
-Writes bench/results/<out>.json (machine, commit, load_1m, command, runs, curves,
-summary: per task and agent the seeds' median returns at 1M and 300k, and the median of
-their final averages), <out>_curves.csv and <out>.png (a panel per task), then (not with
---smoke) copies them to bench/published/.
+Writes bench/results/<out>.json (machine, commit, load_1m, command, runs, curves: each
+run's full-window training averages as recorded, seed_curves: each run's training and
+evaluator averages at fixed env-step points, summary: per task and agent the seeds'
+median returns at 1M and 300k, and the median of their final averages) and <out>.png (a
+panel per task), then (not with --smoke) copies both to bench/published/: a published
+result is that one JSON and its picture.
 """
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -46,11 +52,16 @@ import harness
 
 from seedacme.launchers import process
 from seedacme.run import logdir as logdir_lib
-from seedacme.run.curves import full_windows
+from seedacme.run import curves as curves_lib
+from seedacme.run.curves import curve_step, full_windows, published_curve
 
 MARKS = {'100k': 100_000, '300k': 300_000, '500k': 500_000, '1M': 1_000_000}
 GRACE_S = 180.0  # past --max_seconds: startup, the last checkpoint and the shutdown
 RUN_FILE = 'bench_run.json'  # in each logdir: how this bench launched the run
+PUBLISHED = os.path.join(harness.REPO, 'bench', 'published')
+# The settings a published study must share with this command for its runs to be read
+# back from it (`--cap_s` may grow between sessions: it is not among them).
+SAME_STUDY = ('env_steps', 'actors', 'envs_per_actor', 'agent_config', 'passthrough')
 
 
 def rel(path: str) -> str:
@@ -140,16 +151,33 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   return out
 
 
-def write_csv(path: str, rows: List[Dict[str, Any]], records: Dict[str, list]) -> None:
-  """Every progress record of every run (averages as recorded, partial windows too)."""
-  with open(path, 'w', newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(['task', 'agent', 'seed', 'env_steps', 'average_return', 'eval_return'])
-    for row in rows:
-      for r in records[row['name']]:
-        writer.writerow([row['task'], row['agent'], row['seed'], r['env_steps'],
-                         *('' if r.get(k) is None else r[k]
-                           for k in ('average_return', 'eval_average_return'))])
+def published_run(out: str, name: str, settings: Dict[str, Any],
+                  env_steps: int) -> Dict[str, Any] | None:
+  """Run `name` of bench/published/<out>.json if that study ran `settings` and the run
+  finished (reached `env_steps` or diverged): its row, curve, sampled curve and load."""
+  path = os.path.join(PUBLISHED, f'{out}.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    study = json.load(f)
+  if any(study.get('settings', {}).get(k) != settings[k] for k in SAME_STUDY):
+    return None
+  row = next((r for r in study.get('runs', []) if r['name'] == name), None)
+  if row is None or not (row['env_steps'] >= env_steps or row.get('stop_kind') == 'diverged'):
+    return None
+  sampled = next((c for c in study.get('seed_curves', {}).get('runs', [])
+                  if c['name'] == name), None)
+  return {'row': row, 'curve': study.get('curves', {}).get(name, []), 'sampled': sampled,
+          'load_1m': study.get('load_1m', {}).get(name)}
+
+
+def seed_curves(rows: List[Dict[str, Any]], every: int,
+                sampled: Dict[str, Dict[str, list]]) -> Dict[str, Any]:
+  """The published per-seed curves: each run's averages every `every` env steps."""
+  return curves_lib.seed_curves(every, [
+      {k: r[k] for k in ('name', 'task', 'agent', 'seed')}
+      | {k: v for k, v in (sampled.get(r['name']) or {}).items()
+         if k in ('env_steps', 'average_return', 'eval_return')} for r in rows])
 
 
 def plot(path: str, rows: List[Dict[str, Any]], curves: Dict[str, list],
@@ -204,10 +232,23 @@ def main() -> int:
     args.env_steps, args.cap_s, args.out = 30_000, 60.0, 'mujoco_learning_smoke'
     args.runs = ['HalfCheetah-v5:ppo:0']
   base = os.path.join(harness.RESULTS, 'mujoco', args.out)
-  rows, curves, records, load_1m = [], {}, {}, {}
+  settings = {**{k: getattr(args, k) for k in ('env_steps', 'actors', 'envs_per_actor',
+              'cap_s', 'agent_config')}, 'passthrough': passthrough}
+  every = curve_step(args.env_steps)
+  rows, curves, records, load_1m, sampled = [], {}, {}, {}, {}
   for spec in args.runs:
     task, agent, seed = spec.split(':')
     logdir = os.path.join(base, name := f'{task}_{agent}_s{seed}')
+    fresh = not os.path.isfile(os.path.join(logdir, 'progress.jsonl'))
+    kept = (fresh and not args.smoke and
+            published_run(args.out, name, settings, args.env_steps))
+    if kept:  # finished and published, no run folder here: read back from the JSON
+      rows.append({**kept['row'], 'read_back': 'bench/published'})
+      curves[name], records[name], load_1m[name] = kept['curve'], [], kept['load_1m']
+      sampled[name] = kept['sampled'] or {}
+      print(f'mujoco_learning: {name} read back from bench/published/{args.out}.json',
+            flush=True)
+      continue
     os.makedirs(logdir, exist_ok=True)
     meta, meta_path = {'launches': []}, os.path.join(logdir, RUN_FILE)
     if os.path.exists(meta_path):
@@ -221,6 +262,9 @@ def main() -> int:
                 '--seed', seed, *[f'--agent_config={c}' for c in args.agent_config],
                 *passthrough]
     if not done:
+      if fresh:
+        print(f'mujoco_learning: {name}: nothing in {rel(logdir)}, starting afresh (a run '
+              'kept with bench/keep_run.py resumes once copied back there)', flush=True)
       cmd = process.command(run_args, rel(logdir))
       print(f'mujoco_learning: {name}: ' + ' '.join(cmd[1:]), flush=True)
       try:
@@ -231,6 +275,7 @@ def main() -> int:
       summary = logdir_lib.read_summary(logdir)
     records[name] = logdir_lib.read_progress(logdir)
     figures, curves[name] = analyse(records[name], summary)
+    sampled[name] = published_curve(records[name], every)
     last = meta['launches'][-1] if meta['launches'] else {}
     load_1m[name] = {'before': last.get('load_1m_before'), 'after': last.get('load_1m_after')}
     rows.append({'name': name, 'task': task, 'agent': agent, 'seed': int(seed),
@@ -251,16 +296,13 @@ def main() -> int:
   payload = {
       'machine': harness.machine(), **harness.commit(),
       'command': ' '.join([rel(sys.executable), rel(os.path.abspath(__file__)), *sys.argv[1:]]),
-      'settings': {**{k: getattr(args, k) for k in ('env_steps', 'actors', 'envs_per_actor',
-                   'cap_s', 'agent_config')}, 'passthrough': passthrough},
-      'load_1m': load_1m, 'runs': rows, 'curves': curves, 'summary': summarize(rows)}
+      'settings': settings, 'load_1m': load_1m, 'runs': rows, 'curves': curves,
+      'seed_curves': seed_curves(rows, every, sampled), 'summary': summarize(rows)}
   paths = [harness.write_json(f'{args.out}.json', payload),
-           os.path.join(harness.RESULTS, f'{args.out}_curves.csv'),
            os.path.join(harness.RESULTS, f'{args.out}.png')]
-  write_csv(paths[1], rows, records)
-  plot(paths[2], rows, curves, records)
+  plot(paths[1], rows, curves, records)
   if not args.smoke:  # the convention: bench/results, then copied to bench/published
-    paths = [shutil.copy(p, os.path.join(harness.REPO, 'bench', 'published')) for p in paths]
+    paths = [shutil.copy(p, PUBLISHED) for p in paths]
   print()
   harness.print_table(rows, ['task', 'agent', 'seed', 'env_steps', 'wall_s', 'stop_kind',
       'final_average_return', 'final_average_over', 'best_average_return',

@@ -16,7 +16,8 @@
    same engine and random actions, no inference and no RPC (`harness.env_ceiling`). The
    run's acting throughput is reported as a fraction of it.
 4. Writes <logdir>/curve.csv and curve.png (seedacme/run/curves.py) and a JSON summary
-   (frames/s, duration, returns, the baseline, the ceiling) to
+   (frames/s, duration, returns, the baseline, the ceiling, `seed_curves`: the curve at
+   fixed env-step points, which is what a published result keeps of it) to
    <logdir>/learning_summary.json and bench/results/<game>_learning_<agent>.json (or `--out`), with
    every launch of the run on its logdir (`launches`: date, commit, load before and
    after, wall time; kept in <logdir>/bench_run.json), the machine, and what the run
@@ -47,6 +48,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seedacme.run.accounting import EpisodeTracker  # noqa: E402
+from seedacme.run import curves as curves_lib  # noqa: E402
 from seedacme.run.curves import full_windows, read_progress, write_curves  # noqa: E402
 from seedacme.envs.atari_vector import AtariVectorEnv  # noqa: E402
 
@@ -194,6 +196,18 @@ def _agent_suffix(agent: str) -> str:
   return '' if agent == 'vtrace' else f'_{agent}'
 
 
+def seed_curves(result: Dict[str, Any], records: List[Dict[str, Any]]) -> Dict[str, Any]:
+  """The run's published curve: its averages at fixed env-step points (the JSON holds
+  it; the logdir's curve.csv keeps every record)."""
+  every = curves_lib.curve_step(result.get('env_steps') or 1)
+  argv = result['command'].split()
+  seed = int(argv[argv.index('--seed') + 1]) if '--seed' in argv else None
+  return curves_lib.seed_curves(every, [{
+      'name': result.get('out') or os.path.basename(result['logdir'].rstrip('/')),
+      'task': result['game'], 'agent': result.get('agent', 'vtrace'), 'seed': seed,
+      **curves_lib.published_curve(records, every)}])
+
+
 def finish(result: Dict[str, Any], smoke: bool) -> int:
   """Adds the curves and the ceiling ratio, writes the JSONs and prints the outcome."""
   logdir = result['logdir']
@@ -202,13 +216,14 @@ def finish(result: Dict[str, Any], smoke: bool) -> int:
         logdir, title=f"{result.get('agent', 'vtrace')} on {result['game']}")
   except Exception as e:  # pylint: disable=broad-except
     result['curves'] = f'could not write the curves: {e}'
+  result['seed_curves'] = seed_curves(result, read_progress(logdir))
   fps, ceiling = result['frames_per_s'], result['env_ceiling']['frames_per_s']
   result['fraction_of_ceiling'] = fps / ceiling if fps and ceiling else None
   for path in (os.path.join(logdir, 'learning_summary.json'),
                os.path.join(REPO, 'bench', 'results', _results_name(result, smoke))):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
-      json.dump(result, f, indent=1)
+      f.write(harness.dumps(result) + '\n')
   baseline = result['random_baseline']
   fraction = result['fraction_of_ceiling']
   print(f"done: {result['stopped_because']}; {result['duration_s']:.0f}s, "

@@ -1,4 +1,5 @@
-"""Learning curves from `<logdir>/progress.jsonl`: a CSV table and a PNG plot.
+"""Learning curves from `<logdir>/progress.jsonl`: a CSV table and a PNG plot in the
+logdir, and the curve at fixed env-step points that a published result's JSON holds.
 
 The logdir may be remote (`gs://...` on Vertex AI): files go through `tf.io.gfile`
 there, and through plain `open` for local paths, so that a launcher drawing the curves
@@ -40,6 +41,65 @@ def full_windows(records: Sequence[Dict[str, Any]],
     out.append(covered >= min(window, episodes))
     previous = r
   return out
+
+
+# Published curves hold this many points per run at most: enough to redraw the picture
+# and to read a return at any budget, small enough that a result stays one small JSON.
+CURVE_POINTS = 100
+
+
+def curve_step(max_env_steps: int, points: int = CURVE_POINTS) -> int:
+  """The fixed env-step spacing of a published curve: the smallest 1, 2, 2.5 or 5 x 10^k
+  with at most `points` points up to `max_env_steps` (1M -> 10k, 300k -> 5k)."""
+  scale = 1
+  while True:
+    for m in (1, 2, 2.5, 5):
+      if m * scale * points >= max_env_steps:
+        return int(m * scale)
+    scale *= 10
+
+
+def at_env_steps(points: Sequence[Sequence[Any]], every: int) -> Dict[str, list]:
+  """A run's curve at fixed env-step points `every`, `2 * every`, ... up to its last
+  record: per point the first of `points` ((env steps, training average, evaluator
+  average) in record order) at or past it, as the bench marks read a return at 1M.
+  The training average is None where that record's window was not full (pass None for
+  those: `full_windows`); values rounded to 2 decimals."""
+  out: Dict[str, list] = {'env_steps': [], 'average_return': [], 'eval_return': []}
+  if not points:
+    return out
+  last = max(p[0] for p in points)
+  i = 0
+  for mark in range(every, last + 1, every):
+    while i < len(points) and points[i][0] < mark:
+      i += 1
+    if i == len(points):
+      break
+    _, average, evaluated = points[i]
+    out['env_steps'].append(mark)
+    out['average_return'].append(None if average is None else round(average, 2))
+    out['eval_return'].append(None if evaluated is None else round(evaluated, 2))
+  return out
+
+
+def published_curve(records: Sequence[Dict[str, Any]], every: int) -> Dict[str, list]:
+  """`at_env_steps` of a run's progress records: training averages over a full window
+  only (a resumed segment's refilling window is None), the evaluator's as recorded."""
+  return at_env_steps([(r['env_steps'], r.get('average_return') if ok else None,
+                        r.get('eval_average_return'))
+                       for r, ok in zip(records, full_windows(records))], every)
+
+
+SEED_CURVES_WHAT = (
+    "per run: the training average (last 100 episodes; null where a resumed segment's "
+    "window was not yet full) and the greedy evaluator's average, at the first progress "
+    "record at or past each env-step point")
+
+
+def seed_curves(every: int, runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+  """A published JSON's `seed_curves`: each run (name, task, agent, seed, and its
+  `at_env_steps` lists) sampled every `every` env steps, with what the values are."""
+  return {'every_env_steps': every, 'what': SEED_CURVES_WHAT, 'runs': list(runs)}
 
 
 def curve_title(agent: str, env: str, task: str | None = None) -> str:

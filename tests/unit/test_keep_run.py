@@ -1,11 +1,12 @@
 """bench/keep_run.py keeps a run's records and newest checkpoint, and the run resumes from it.
 
-A run longer than a session goes on in a later checkout only from what is in git; the
-kept folder must restore the learner exactly where the newest checkpoint was (weights
-and counters) and keep the run's saved config (a resume without it is refused), must not
-carry older checkpoints, the replay or node logs, and a resumed run must go on saving
-into it. Bazel ships bench/keep_run.py with the unit tests (BUILD,
-`unit_test_support`); a tree without it skips.
+A run longer than a session goes on in a later checkout only from what was kept of it,
+outside the checkout (`--dest`, $SEEDACME_KEEP_DIR or ~/.cache/seedacme/kept_runs; a
+folder inside the checkout is refused); the kept folder must restore the learner exactly
+where the newest checkpoint was (weights and counters) and keep the run's saved config
+(a resume without it is refused), must not carry older checkpoints, the replay or node
+logs, and a resumed run must go on saving into it. Bazel ships bench/keep_run.py with
+the unit tests (BUILD, `unit_test_support`); a tree without it skips.
 """
 
 import importlib.util
@@ -72,3 +73,16 @@ def test_records_only_without_checkpoint_and_refuses_a_non_run(tmp_path):
   assert 'checkpoints' not in os.listdir(dest)
   with pytest.raises(SystemExit, match='no progress.jsonl'):
     keep_run.keep(str(tmp_path / 'kept' / 'tensorboard'), str(tmp_path / 'other'), False)
+
+
+def test_kept_runs_go_outside_the_checkout(tmp_path, monkeypatch):
+  monkeypatch.setenv(keep_run.KEEP_DIR_VAR, str(tmp_path / 'keep'))
+  assert keep_run.default_dest('runs/pong_r2d2_b8/') == str(tmp_path / 'keep' / 'pong_r2d2_b8')
+  monkeypatch.delenv(keep_run.KEEP_DIR_VAR)
+  assert keep_run.default_dest('runs/x').endswith(
+      os.path.join('.cache', 'seedacme', 'kept_runs', 'x'))
+  (tmp_path / 'repo' / '.git').mkdir(parents=True)
+  repo = str(tmp_path / 'repo')
+  assert keep_run.inside_checkout(os.path.join(repo, 'bench', 'published', 'runs'), repo)
+  assert not keep_run.inside_checkout(str(tmp_path / 'keep' / 'x'), repo)
+  assert not keep_run.inside_checkout(str(tmp_path / 'repo2'), repo)

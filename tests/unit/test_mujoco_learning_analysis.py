@@ -4,10 +4,14 @@ A resumed run restores its episode count, but its training average starts over; 
 resumed 100k env steps before its budget ends with an average over fewer than 100
 HalfCheetah episodes (seed 1 of the SAC table: 96). The marks (return at 300k) keep to
 full windows; the final average says how many episodes it covers, and the summary gives
-the median of the final averages beside the marks. Bazel ships bench/mujoco_learning.py
-and bench/harness.py with the unit tests (BUILD, `unit_test_support`); a tree without
+the median of the final averages beside the marks. A new checkout has no run folders: a
+finished seed is read back from the published JSON when its study ran the same
+settings. The published JSON keeps its curves on one line each (`harness.dumps`). Bazel
+ships bench/mujoco_learning.py and bench/harness.py with the unit tests (BUILD, `unit_test_support`); a tree without
 them skips.
 """
+
+import json
 
 from tests.unit.bench_modules import load
 
@@ -71,3 +75,45 @@ def test_learner_means_count_each_learner_step_once_beside_the_record_mean():
   figures, _ = mujoco_learning.analyse(records, dict(records[-1], stopped_because='x'))
   assert figures['mean_policy_lag'] == 1.75
   assert figures['learner_means'] == {'policy_lag': 2.5}
+
+
+SETTINGS = {'env_steps': 300_000, 'actors': 2, 'envs_per_actor': 4, 'cap_s': 5400.0,
+            'agent_config': [], 'passthrough': []}
+
+
+def _publish(tmp_path, monkeypatch, runs):
+  monkeypatch.setattr(mujoco_learning, 'PUBLISHED', str(tmp_path))
+  curves = {'every_env_steps': 5_000, 'runs': [
+      {'name': r['name'], 'env_steps': [5_000], 'average_return': [1.0],
+       'eval_return': [None]} for r in runs]}
+  (tmp_path / 'study.json').write_text(mujoco_learning.harness.dumps({
+      'settings': SETTINGS, 'runs': runs, 'curves': {r['name']: [[5_000, 1.0]] for r in runs},
+      'seed_curves': curves, 'load_1m': {r['name']: {'before': 1.0} for r in runs}}))
+
+
+def test_a_finished_seed_is_read_back_from_the_published_json(tmp_path, monkeypatch):
+  _publish(tmp_path, monkeypatch, [
+      {'name': 'A_sac_s0', 'env_steps': 300_400, 'stop_kind': 'budget'},
+      {'name': 'A_sac_s1', 'env_steps': 120_000, 'stop_kind': 'time'},
+      {'name': 'A_sac_s2', 'env_steps': 90_000, 'stop_kind': 'diverged'}])
+  kept = mujoco_learning.published_run('study', 'A_sac_s0', dict(SETTINGS, cap_s=9000.0),
+                                       300_000)
+  assert kept['row']['env_steps'] == 300_400 and kept['curve'] == [[5_000, 1.0]]
+  assert kept['sampled']['average_return'] == [1.0] and kept['load_1m'] == {'before': 1.0}
+  # Stopped before its budget: it needs its kept folder to resume; diverged: read back.
+  assert mujoco_learning.published_run('study', 'A_sac_s1', SETTINGS, 300_000) is None
+  assert mujoco_learning.published_run('study', 'A_sac_s2', SETTINGS, 300_000)
+  # Other overrides, another study; no such file, nothing.
+  other = dict(SETTINGS, agent_config=['epochs=4'])
+  assert mujoco_learning.published_run('study', 'A_sac_s0', other, 300_000) is None
+  assert mujoco_learning.published_run('nothing', 'A_sac_s0', SETTINGS, 300_000) is None
+
+
+def test_published_json_is_compact_and_reads_back_the_same():
+  value = {'machine': {'cores': 2, 'gpu': False}, 'curve': list(range(500)),
+           'pairs': [[i, i / 3] for i in range(300)], 'rows': [
+               {'name': f'run {i}', 'value': i * 1.5, 'seeds': [0, 1, 2]} for i in range(3)],
+           'nested': {'deep': {'list': [{'a': 1}] * 40}}}
+  text = mujoco_learning.harness.dumps(value)
+  assert json.loads(text) == value
+  assert len(text.splitlines()) < 60  # json.dump(indent=1) takes over 1,700

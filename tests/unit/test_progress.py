@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from seedacme.run import logdir as logdir_lib
-from seedacme.run.curves import full_windows, read_progress, write_curves
+from seedacme.run.curves import (curve_step, full_windows, published_curve, read_progress,
+                                  write_curves)
 from seedacme.run.logdir import read_events, read_summary
 from seedacme.run.progress import ProgressWriter, format_line
 
@@ -250,3 +251,21 @@ def test_a_kill_mid_upload_on_gcs_loses_at_most_the_record_in_flight(gcs):
   assert read_summary(logdir) == {'stopped_because': 'first'}
   ProgressWriter(logdir, tensorboard=False).write({'env_steps': 11})  # the restarted node's first record
   assert [r['env_steps'] for r in read_progress(logdir)] == list(range(10)) + [11]
+
+
+def test_published_curve_is_the_run_at_fixed_env_step_points():
+  """A published JSON's curve: the first record at or past every `every` env steps (as
+  the benches read a return at 1M), the refilling window of a resumed segment null."""
+  assert [curve_step(n) for n in (1_000_000, 300_000, 5_000_000, 219_232)] == [
+      10_000, 5_000, 50_000, 2_500]
+  records = [{'elapsed_s': 10.0 * i, 'env_steps': 4_000 * i, 'episodes': 200 * i,
+              'average_over': 100, 'average_return': float(i),
+              'eval_average_return': None if i < 3 else 10.0 + i} for i in range(1, 6)]
+  records.append({'elapsed_s': 5.0, 'env_steps': 24_000, 'episodes': 1_010,
+                  'average_over': 10, 'average_return': 9.0, 'eval_average_return': 20.0})
+  assert published_curve(records, 10_000) == {
+      'env_steps': [10_000, 20_000], 'average_return': [3.0, 5.0],
+      'eval_return': [13.0, 15.0]}
+  assert published_curve(records, 8_000)['average_return'] == [2.0, 4.0, None]
+  assert published_curve([], 1_000) == {'env_steps': [], 'average_return': [],
+                                        'eval_return': []}
