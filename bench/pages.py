@@ -92,7 +92,7 @@ _ZOO = 'rl-baselines3-zoo\'s `benchmark.md` (tuned `ppo`, 1M steps)'
 
 # Which published result feeds which row: the current one for each agent and task.
 ROWS: Tuple[Row, ...] = (
-    # V-trace. MuJoCo: the rows at today's defaults (docs/benchmarks.md, "V-trace MuJoCo
+    # V-trace. MuJoCo: the rows at today's defaults (docs/history.md, "V-trace MuJoCo
     # rows at today's defaults"; Hopper's three seeds, "Three seeds of Hopper then").
     Row('vtrace', 'HalfCheetah-v5', 'final_return', ('mujoco_vtrace_issue36_check.json',),
         select=(('task', 'HalfCheetah-v5'),),
@@ -102,7 +102,7 @@ ROWS: Tuple[Row, ...] = (
     Row('vtrace', 'Pong (Atari)', 'steps_to', ('pong_learning.json',), milestone='+18',
         pictures=('pong_curve.png',),
         anchors=(Anchor('IMPALA (paper)', '+18 by about 5M env steps',
-                        'docs/atari.md, "Pong learns"'),),
+                        'docs/history.md, "Pong learns"'),),
         note='resumed three times on its logdir (the JSON\'s command)'),
     Row('vtrace', 'Football academy_empty_goal_close', 'return_at_end',
         ('football_learning.json',),
@@ -112,7 +112,7 @@ ROWS: Tuple[Row, ...] = (
         select=(('env', 'cartpole'), ('agent', 'vtrace'), ('agent_config', 'defaults'))),
     Row('vtrace', 'Catch', 'solve_steps', ('time_to_solve_issue36_check.json',),
         select=(('env', 'catch'), ('agent', 'vtrace'), ('agent_config', 'defaults'))),
-    # R2D2 (docs/atari.md, "R2D2 on Pong"; docs/benchmarks.md, "R2D2 CartPole over seeds").
+    # R2D2 (docs/history.md, "R2D2 on Pong"; docs/history.md, "R2D2 CartPole over seeds").
     Row('r2d2', 'Pong (Atari)', 'steps_to', ('pong_learning_r2d2_b8.json',), milestone='+0',
         pictures=('pong_r2d2_b8_curve.png',)),
     Row('r2d2', 'Pong (Atari)', 'return_at_end', ('pong_learning_r2d2_b8.json',),
@@ -120,7 +120,7 @@ ROWS: Tuple[Row, ...] = (
         note='the training average includes exploration (Ape-X epsilons up to 0.4)'),
     Row('r2d2', 'CartPole', 'solve_steps', ('r2d2_cartpole_study.json',),
         select=(('env', 'cartpole'), ('agent', 'r2d2'), ('agent_config', 'defaults'))),
-    # PPO (README; docs/benchmarks.md, "PPO for an asynchronous system"; docs/atari.md,
+    # PPO (README; docs/history.md, "PPO for an asynchronous system"; docs/history.md,
     # "Entropy cost 0.003").
     Row('ppo', 'HalfCheetah-v5', 'final_return', ('mujoco_learning_ppo_v4.json',),
         select=(('task', 'HalfCheetah-v5'),),
@@ -141,11 +141,11 @@ ROWS: Tuple[Row, ...] = (
         select=(('env', 'cartpole'), ('agent', 'ppo'), ('agent_config', 'defaults'))),
     Row('ppo', 'Catch', 'solve_steps', ('time_to_solve_issue36_check.json',),
         select=(('env', 'catch'), ('agent', 'ppo'), ('agent_config', 'defaults'))),
-    # SAC (docs/benchmarks.md, "SAC HalfCheetah-v5 (issue 25)").
+    # SAC (docs/history.md, "SAC HalfCheetah-v5 (issue 25)").
     Row('sac', 'HalfCheetah-v5', 'final_return', ('mujoco_learning_sac.json',),
         select=(('task', 'HalfCheetah-v5'),),
         anchors=(Anchor('CleanRL', '~5,000–6,000 at 300k (~9,600 at 1M)',
-                        'docs/benchmarks.md (SAC HalfCheetah); issue 25'),),
+                        'docs/history.md ("SAC HalfCheetah-v5 (issue 25)"); issue 25'),),
         note='2 actors x 4 envs; seed 1 was resumed with an empty replay'),
 )
 
