@@ -337,26 +337,28 @@ def split_passthrough(argv: List[str]) -> 'tuple[List[str], List[str]]':
   return argv[:i], argv[i + 1:]
 
 
-def dumps(value: Any, width: int = 100, level: int = 0) -> str:
-  """JSON as the published results are written: one key a line, but a value that fits
-  in `width` columns, a record of scalars (a table's row, up to 4 x `width`), a list of
-  numbers (a curve) or a list of such lists on one line,
-  so that a result with per-seed curves stays a few hundred lines (json.dump's indent
-  puts every number of a curve on its own line). `json.loads` reads it as ever."""
+def dumps(value: Any, width: int = 100, level: int = 0, row: bool = False) -> str:
+  """JSON as the published results are written: one key a line, but on one line a value
+  that fits in `width` columns, a record of scalars (up to 4 x `width`), an item of a
+  list (a table's row, up to 10 x `width`), a list of numbers (a curve) or a list of such
+  lists: a result with per-seed curves and tables of runs stays a few hundred lines
+  (json.dump's indent puts every number of a curve on its own line), and `json.loads`
+  reads it as ever."""
   flat = json.dumps(value)
   def scalar(x):
     return not isinstance(x, (dict, list))
-  if (scalar(value) or len(flat) + level <= width or isinstance(value, list) and all(
-      scalar(x) or isinstance(x, list) and all(map(scalar, x)) for x in value) or
-      isinstance(value, dict) and len(flat) <= 4 * width and all(
-          scalar(x) or isinstance(x, list) and all(map(scalar, x)) for x in value.values())):
+  def numbers(x):
+    return scalar(x) or isinstance(x, list) and all(map(scalar, x))
+  if (scalar(value) or len(flat) + level <= width or row and len(flat) <= 10 * width or
+      isinstance(value, list) and all(map(numbers, value)) or
+      isinstance(value, dict) and len(flat) <= 4 * width and all(map(numbers, value.values()))):
     return flat
   pad, end = ' ' * (level + 1), ' ' * level
   if isinstance(value, dict):
     items = [f'{pad}{json.dumps(k)}: {dumps(v, width, level + 1)}' for k, v in value.items()]
     return '{\n' + ',\n'.join(items) + '\n' + end + '}'
-  return ('[\n' + ',\n'.join(pad + dumps(v, width, level + 1) for v in value) + '\n' +
-          end + ']')
+  return ('[\n' + ',\n'.join(pad + dumps(v, width, level + 1, row=True) for v in value) +
+          '\n' + end + ']')
 
 
 def write_json(name: str, payload: Dict[str, Any]) -> str:
