@@ -24,7 +24,9 @@ the size of its run dumps, and a result once published is its JSON and picture
 (bench/published/<result>.json: command, commit, config, machine and load, per-seed
 curves, final figures), so a kept run is only what resumes a run still in progress.
 Carry the folder to the next machine yourself (or point $SEEDACME_KEEP_DIR at storage
-that outlives the session).
+that outlives the session). The runs once kept in git (R2D2 Pong's with its 40 MB
+checkpoints, the MuJoCo studies' seeds) are in its history, in the runs/ folder of
+`git archive e3a799376422 bench/published | tar -x -C DIR`.
 
 Continuing a multi-seed MuJoCo study (`bench/mujoco_learning.py`) in a new checkout: its
 finished seeds are read back from its published JSON when the command's settings match
