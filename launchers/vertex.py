@@ -125,12 +125,15 @@ MOVED_TO_CLUSTER = ('vertex: --cluster_spec and --replicas (a run across your ow
 VPC_EXPOSURE = (
     "a Vertex AI job's replicas would serve Courier and Reverb unauthenticated on the "
     "job's VPC network: anything that reaches a replica's port there can send inference "
-    'requests and reports, and read, write or reset the replay (no TLS endpoint runs in '
-    "Launchpad's Vertex containers: it needs a private network namespace they cannot "
-    'make). Pass --network host to launch it so, with the VPC (its firewall rules and '
-    'who else runs there) as the boundary; or run on machines of your own with '
-    '`python -m seedacme.launchers.cluster` (or launchers/slurm), which put mutual TLS '
-    'between hosts; `--dry_run` and `--emulate` need neither')
+    'requests and reports, and read, write or reset the replay')
+# Why, and what to do instead: said with the refusal only.
+VPC_REFUSAL = (
+    f"{VPC_EXPOSURE} (no TLS endpoint runs in Launchpad's Vertex containers: it needs a "
+    'private network namespace they cannot make). Pass --network host to launch it so, '
+    'with the VPC (its firewall rules and who else runs there) as the boundary; or run '
+    'on machines of your own with `python -m seedacme.launchers.cluster` (or '
+    'launchers/slurm), which put mutual TLS between hosts; `--dry_run` and `--emulate` '
+    'need neither')
 
 
 def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
@@ -326,9 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   if not (args.dry_run or args.emulate):
     if args.network != 'host':
-      print(f'vertex: refused: {VPC_EXPOSURE}', file=sys.stderr)
+      print(f'vertex: refused: {VPC_REFUSAL}', file=sys.stderr)
       return 2
-    print(f'vertex: --network host: {VPC_EXPOSURE.split(" (no TLS")[0]}', file=sys.stderr)
+    print(f'vertex: --network host: {VPC_EXPOSURE}', file=sys.stderr)
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 
