@@ -95,15 +95,16 @@ def machine() -> Dict[str, Any]:
           'date': time.strftime('%Y-%m-%d %H:%M')}
 
 
-def git(*args: str) -> str:
-  return subprocess.run(['git', *args], cwd=REPO, capture_output=True,
+def git(*args: str, checkout: str = REPO) -> str:
+  return subprocess.run(['git', *args], cwd=checkout, capture_output=True,
                         text=True).stdout.strip()
 
 
-def commit() -> Dict[str, Any]:
+def commit(checkout: str = REPO) -> Dict[str, Any]:
   """The checkout's commit, and whether tracked files differ from it."""
-  return {'commit': git('rev-parse', 'HEAD'),
-          'worktree_dirty': bool(git('status', '--porcelain', '--untracked-files=no'))}
+  return {'commit': git('rev-parse', 'HEAD', checkout=checkout),
+          'worktree_dirty': bool(git('status', '--porcelain', '--untracked-files=no',
+                                     checkout=checkout))}
 
 
 class ProgramRun:

@@ -331,9 +331,7 @@ def main() -> int:
         print_job(results[-1])
   extra = {}
   if before:
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=before, capture_output=True,
-                          text=True, check=False).stdout.strip()
-    extra = {'before': {'checkout': before, 'commit': head},
+    extra = {'before': {'checkout': before, **commit(before)},
              'comparison': compare(results, before)}
     print('\nbefore/after (median over rounds; loads: 1-minute average at each start)')
     print_table(extra['comparison'], list(extra['comparison'][0]))
