@@ -176,3 +176,35 @@ def test_the_check_finds_a_test_importing_another_test_file_or_an_unshipped_scri
   assert 'bench/startup.py' in needed(startup)
   assert missing(startup, support | {startup}) == {}
   assert 'bench/startup.py' in missing(startup, (support | {startup}) - {'bench/startup.py'})
+
+
+def long_unit_tests(build_text: str) -> Set[str]:
+  """BUILD's `LONG_UNIT_TESTS`: the files that get a `<name>_long` target tagged long."""
+  for node in ast.parse(build_text, 'BUILD').body:
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == 'LONG_UNIT_TESTS':
+      return set(ast.literal_eval(node.value))
+  raise AssertionError('BUILD has no LONG_UNIT_TESTS list')
+
+
+def has_long_tests(path: str) -> bool:
+  """Whether a test file marks a test (or a parameter, `pytest.param(marks=...)`) long:
+  a call of `pytest.mark.long(...)` in its code, not the words in a string."""
+  with open(os.path.join(REPO, path)) as f:
+    tree = ast.parse(f.read(), path)
+  return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == 'long' and isinstance(n.func.value, ast.Attribute)
+             and n.func.value.attr == 'mark' for n in ast.walk(tree))
+
+
+def test_the_long_targets_are_exactly_the_files_with_long_tests():
+  """`scripts/bazel_test` runs the default tier by leaving out the targets tagged long;
+  a file whose long tests had no `_long` target would never run them under Bazel, and
+  a `_long` target of a file without any would run nothing."""
+  with open(os.path.join(REPO, 'BUILD')) as f:
+    listed = long_unit_tests(f.read())
+  marked = {t for t in _unit_tests() if has_long_tests(t)}
+  assert marked, 'no unit test file marks a long test: has_long_tests finds none'
+  assert listed == marked, (
+      f"BUILD's LONG_UNIT_TESTS {sorted(listed)} differ from the unit test files with "
+      f'@pytest.mark.long tests {sorted(marked)}: missing {sorted(marked - listed)}, '
+      f'not long {sorted(listed - marked)}')
