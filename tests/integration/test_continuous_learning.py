@@ -62,6 +62,11 @@ episodes, and a solved policy's are 1000 steps long. The evaluator steps its env
 batch, so one round of 20 fills the window at once; with 16 a PPO run sat at a greedy
 821 for 50 s (load ~8) waiting for the next round to end.
 
+SAC's program also carries the replay-restore check (a program of its own before,
+test_reliability's `[sac]` case): its replay node is SIGKILLed once a replay checkpoint
+was taken while learning, restores the table, and the run then solves the task
+(`tests/integration/replay_faults.py`).
+
 Time: the programs are bounded by `--max_seconds` (running time) and by a wait with a
 kill; `Run.complete` checks that no process carrying the test's tag is left.
 """
@@ -69,6 +74,7 @@ kill; `Run.complete` checks that no process carrying the test's tag is left.
 import pytest
 
 from tests.integration.launch import Run, target_value
+from tests.integration.replay_faults import check_replay_restored, kill_replay_after_a_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -83,23 +89,27 @@ SAC_MAX_SECONDS = 400
 
 PPO_OVERRIDES = ('unroll_length=64', 'batch_size=8', 'queue_size=8', 'epochs=4',
                  'num_minibatches=4', 'learning_rate=1e-3')
+SAC_MIN_REPLAY = 1000  # transitions before sampling starts (and in a restored replay)
 # Normalized observations (the cause, see above); small nets and batches for a fast
 # learner step; faster targets; 4 env steps per gradient step (a fast evaluator).
 SAC_OVERRIDES = ('observation_normalization=True', 'hidden_sizes=64,64', 'batch_size=128',
-                 'samples_per_insert=32', 'min_replay_size=1000', 'n_step=3', 'tau=0.02',
-                 'actor_learning_rate=1e-3', 'critic_learning_rate=1e-3',
+                 'samples_per_insert=32', f'min_replay_size={SAC_MIN_REPLAY}', 'n_step=3',
+                 'tau=0.02', 'actor_learning_rate=1e-3', 'critic_learning_rate=1e-3',
                  'alpha_learning_rate=1e-3', 'initial_alpha=0.2')
 
 
 def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
-                             max_seconds=MAX_SECONDS):
+                             max_seconds=MAX_SECONDS, checkpoint_interval_s=0, during=None):
+  """Runs to the target; `during(run)`, if given, acts on the running program first (a
+  fault) and its result is returned with the ended run."""
   args = ['mujoco', agent, '2', str(envs_per_actor), '--level', 'InvertedPendulum-v5',
           '--target_return', str(SOLVED), '--target_on', 'eval', '--num_eval_envs', '20',
-          '--max_seconds', str(max_seconds), '--checkpoint_interval_s', '0',
-          '--progress_interval_s', '2']
+          '--max_seconds', str(max_seconds), '--checkpoint_interval_s',
+          str(checkpoint_interval_s), '--progress_interval_s', '2']
   for override in overrides:
     args += ['--agent_config', override]
   with Run(args, str(tmp_path)) as run:
+    shown = during(run) if during is not None else None
     run.complete(max_seconds + 150)
   summary = run.json('summary.json')
   progress = run.progress()
@@ -118,6 +128,7 @@ def _solve_inverted_pendulum(tmp_path, agent, envs_per_actor, overrides,
   # of 20 episodes can close after the learner has moved: on 2026-11-27 it read 155
   # after 16 learner steps, with the policy solving 10 s later).
   assert start['average_return'] < UNTRAINED_BELOW, rise
+  return run, shown
 
 
 @pytest.mark.long('learns InvertedPendulum to its target: ~1 min, up to 4 under load')
@@ -126,7 +137,20 @@ def test_ppo_solves_inverted_pendulum(tmp_path):
   _solve_inverted_pendulum(tmp_path, 'ppo', 8, PPO_OVERRIDES)
 
 
-@pytest.mark.long('learns InvertedPendulum to its target: ~2 min, up to 6 under load')
-@pytest.mark.timeout(SAC_MAX_SECONDS + 200)
-def test_sac_solves_inverted_pendulum(tmp_path):
-  _solve_inverted_pendulum(tmp_path, 'sac', 4, SAC_OVERRIDES, SAC_MAX_SECONDS)
+@pytest.mark.long('learns InvertedPendulum to its target through a replay kill and '
+                  'restore: ~2 min, up to 7 under load')
+@pytest.mark.timeout(SAC_MAX_SECONDS + 260)
+def test_sac_restores_a_killed_replay_node_and_solves_inverted_pendulum(tmp_path):
+  """One program for two tests (~45 s and ~115 s): SAC's uniform replay is checkpointed
+  every 3 s; once a checkpoint was taken while learning, the replay's work process is
+  SIGKILLed and its successor restores the table (at least `min_replay_size`
+  transitions); then SAC solves InvertedPendulum. The kill comes ~5 s into learning, the
+  solves 50-130 s in, and a greedy 950 over 20 episodes of up to 1,000 steps needs
+  ~10 s of evaluation once the policy is good: the target cannot come first (the kill
+  fails by name if it did). The learner checkpoints (every 600 s, and at the end) so
+  that the replay's checkpoints live in the logdir, as they do for a resume."""
+  run, kill = _solve_inverted_pendulum(
+      tmp_path, 'sac', 4, SAC_OVERRIDES + ('replay_checkpoint_interval_s=3',),
+      SAC_MAX_SECONDS, checkpoint_interval_s=600,
+      during=lambda run: kill_replay_after_a_checkpoint(run, SOLVED, 'eval_average_return'))
+  check_replay_restored(run, kill, SAC_MIN_REPLAY)
