@@ -141,14 +141,15 @@ def test_ppo_solves_inverted_pendulum(tmp_path):
                   'restore: ~2 min, up to 7 under load')
 @pytest.mark.timeout(SAC_MAX_SECONDS + 260)
 def test_sac_restores_a_killed_replay_node_and_solves_inverted_pendulum(tmp_path):
-  """One program for two tests (~45 s and ~115 s): SAC's uniform replay is checkpointed
-  every 3 s; once a checkpoint was taken while learning, the replay's work process is
-  SIGKILLed and its successor restores the table (at least `min_replay_size`
-  transitions); then SAC solves InvertedPendulum. The kill comes ~5 s into learning, the
-  solves 50-130 s in, and a greedy 950 over 20 episodes of up to 1,000 steps needs
-  ~10 s of evaluation once the policy is good: the target cannot come first (the kill
-  fails by name if it did). The learner checkpoints (every 600 s, and at the end) so
-  that the replay's checkpoints live in the logdir, as they do for a resume."""
+  """One program for two (the SAC solve, ~115 s, and the replay restore's SAC case,
+  ~45 s): SAC's uniform replay is checkpointed every 3 s; once a checkpoint was taken
+  while learning, the replay's work process is SIGKILLed and its successor restores the
+  table (at least `min_replay_size` transitions); then SAC solves InvertedPendulum. The kill comes far before the target
+  (three runs at load 8-18: at 21-32 s of running and learner step 56-192; the target
+  at 93-190 s and step 4,480-7,596), and a greedy 950 over 20 episodes of up to 1,000
+  steps takes ~10 s of evaluation once the policy is good; the kill fails by name if
+  the target came first. The learner checkpoints (every 600 s, and at the end) so that
+  the replay's checkpoints live in the logdir, as they do for a resume."""
   run, kill = _solve_inverted_pendulum(
       tmp_path, 'sac', 4, SAC_OVERRIDES + ('replay_checkpoint_interval_s=3',),
       SAC_MAX_SECONDS, checkpoint_interval_s=600,
