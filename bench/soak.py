@@ -23,6 +23,7 @@ import uuid
 import harness
 
 from seedacme.launchers import process
+from seedacme.run import logdir as logdir_lib
 
 REPO = harness.REPO
 TAG_VAR = 'SEEDACME_SOAK_TAG'
@@ -49,6 +50,14 @@ def count_errors(nodes_dir):
   return errors
 
 
+def _learning(logdir: str) -> bool:
+  """Whether the run's progress shows a learner step (its nodes are all up)."""
+  try:
+    return any((r.get('learner_steps') or 0) > 0 for r in logdir_lib.read_progress(logdir))
+  except (OSError, ValueError):
+    return False
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true', help='2 minutes instead of 30')
@@ -61,7 +70,10 @@ def main():
   args = parser.parse_args()
   harness.interrupt_on_stop_signals()
   minutes = args.minutes or (2.0 if args.quick else 30.0)
-  warmup_s = min(60.0, 0.3 * minutes * 60)
+  # Warm-up counts from the first learner step, not from the launch: under load (11-16,
+  # two cores) a start-up took longer than a launch-based warm-up of 27 s, and the
+  # baseline caught the learner before its TensorFlow import (309 -> 596 MB: "growth").
+  warmup_s = min(60.0, 0.2 * minutes * 60)
   tag = uuid.uuid4().hex
   work = tempfile.mkdtemp(prefix='seedacme_soak_')
   logdir = os.path.join(work, 'logdir')
@@ -72,7 +84,7 @@ def main():
   with open(os.path.join(work, 'stdout.txt'), 'w') as out:
     proc = process.start(run_args, logdir, out, env={TAG_VAR: tag}, cwd=REPO)
     start = time.monotonic()
-    baseline, last, samples = None, None, 0
+    baseline, last, samples, learning_since = None, None, 0, None
     try:
       while proc.poll() is None:
         time.sleep(10)
@@ -80,9 +92,14 @@ def main():
         if not rss:
           continue
         elapsed = time.monotonic() - start
-        if elapsed >= warmup_s and baseline is None:
+        if learning_since is None and _learning(logdir):
+          learning_since = elapsed
+        if (baseline is None and learning_since is not None
+            and elapsed - learning_since >= warmup_s):
           baseline = rss
-        if baseline is not None and proc.poll() is None and elapsed < minutes * 60 - 5:
+        # Until the run writes its summary (it is stopping): samples while it runs.
+        if (baseline is not None and rss is not baseline and proc.poll() is None
+            and logdir_lib.read_summary(logdir) is None):
           last, samples = rss, samples + 1
         print(f'soak: {elapsed:5.0f}s total RSS {sum(rss.values()):7.0f} MB', flush=True)
       code = proc.wait()
@@ -97,7 +114,10 @@ def main():
   summary_path = os.path.join(logdir, 'summary.json')
   summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
 
-  rows, ok = [], code == 0 and not leftovers and not any(errors.values())
+  # No baseline (learning never started, or started too late to warm up): nothing was
+  # measured, which is a failure, not a pass.
+  rows, ok = [], (code == 0 and not leftovers and not any(errors.values())
+                  and baseline is not None and samples >= 2)
   print(f'\n{"node":<14} {"RSS after warm-up":>18} {"RSS at end":>11} {"growth":>8} {"errors":>7}')
   for node in sorted(baseline or {}):
     first, end = baseline[node], (last or {}).get(node, baseline[node])
