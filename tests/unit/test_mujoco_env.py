@@ -90,14 +90,20 @@ def test_seeds_repeat_and_differ():
   assert not np.array_equal(first[0], first[2])
 
 
-def test_ant_without_contact_forces_keeps_the_27_dims_of_v4s_default():
-  """Ant-v5's default observation holds 78 dims of contact forces (105 in all); the
-  `contact_forces` option turns them off (issue 51's first switch)."""
+def test_ant_leaves_its_contact_forces_out_unless_asked_and_other_tasks_have_none():
+  """Ant-v5's gymnasium default observation holds 78 dims of contact forces (105 in
+  all); seedacme's default leaves them out (27 dims, v4's default: issue 51), the
+  option puts them back, and asking for them on a task without any is named."""
   from seedacme.envs import registry  # pylint: disable=g-import-not-at-top
-  with_forces = registry.make_factory('mujoco', level='Ant-v5')(0)
+  default = registry.make_factory('mujoco', level='Ant-v5')(0)
+  with_forces = registry.make_factory('mujoco', level='Ant-v5', contact_forces=True)(0)
   without = registry.make_factory('mujoco', level='Ant-v5', contact_forces=False)(0)
-  assert with_forces.observation_spec().shape == (105,)
+  assert default.observation_spec().shape == (27,)
   assert without.observation_spec().shape == (27,)
-  step = without.reset()
-  assert step.observation.shape == (27,)
+  assert with_forces.observation_spec().shape == (105,)
+  assert default.reset().observation.shape == (27,)
   assert registry.factory_options('mujoco', level='Ant-v5')['contact_forces'] is None
+  cheetah = registry.make_factory('mujoco', level='HalfCheetah-v5', contact_forces=False)(0)
+  assert cheetah.observation_spec().shape == (17,)
+  with pytest.raises(ValueError, match=r"contact_forces=True: the MuJoCo task 'HalfCheetah-v5'"):
+    registry.make_factory('mujoco', level='HalfCheetah-v5', contact_forces=True)(0)
