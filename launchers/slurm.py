@@ -13,8 +13,8 @@ a private namespace and mutual TLS between hosts, the summary ending every host)
 here unchanged. Nothing is written by hand: the batch step (`batch`, on the first node
 of component 0) derives the cluster spec from the allocation -- each component's
 nodelist expanded by `scontrol show hostnames`, each node's address the `NodeAddr`
-Slurm itself reaches it at (its name on most clusters; 127.0.0.1 for nodes emulated on
-one machine), each task's node from the allocation's tasks per node (block
+Slurm itself reaches it at (its name on most clusters; on the test cluster each
+emulated host's own address), each task's node from the allocation's tasks per node (block
 distribution) -- and gives the job a block of ports chosen by its job id
 (`job_ports`), which every task checks are free on its node before starting.
 

@@ -84,14 +84,19 @@ class HostError(RuntimeError):
 class EmulatedHosts:
   """Hosts `names` (see the module docstring). Use as a context manager."""
 
-  def __init__(self, names: Sequence[str], agent_log: str | None = None):
+  def __init__(self, names: Sequence[str], agent_log: str | None = None,
+               user_namespace: bool = True):
+    """`user_namespace=False` (root only): the namespaces belong to the machine's own
+    user namespace, so the hosts' root keeps what a user namespace takes away --
+    `setgroups` above all, which Slurm's daemons call on start and for every job
+    step (`tests/slurm_cluster.py`)."""
     self.names = list(names)
     self.addresses = {n: f'{SUBNET}.{i + 2}' for i, n in enumerate(self.names)}
     self._lock = threading.Lock()
     log = open(agent_log, 'w') if agent_log else subprocess.DEVNULL
     self._agent = subprocess.Popen(
-        ['unshare', '-rnmpf', '--mount-proc', sys.executable, '-m', 'tests.emulated_hosts',
-         _AGENT_FLAG, json.dumps(self.names)],
+        ['unshare', '-rnmpf' if user_namespace else '-nmpf', '--mount-proc',
+         sys.executable, '-m', 'tests.emulated_hosts', _AGENT_FLAG, json.dumps(self.names)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if agent_log:

@@ -1,18 +1,22 @@
-"""`scripts/run_slurm` against a real Slurm cluster of three emulated nodes on this
-machine (`tests/slurm_cluster.py`: slurmctld, a slurmd per node, a munged of its own).
+"""`scripts/run_slurm` against a real Slurm cluster of emulated hosts on this machine
+(`tests/slurm_cluster.py`: a login host running slurmctld, three nodes each running a
+slurmd in its own network namespace at its own address, a munged of its own).
 
-One program carries the scenario, since a program's start is most of a test's time
-(each start of the Catch program took 1-3 minutes at load 10-16 on 2 cores): the job
-is submitted with `--requeue`, learns, checkpoints; `scontrol requeue` stops it as a
-preemption does (SIGTERM, KillWait) and Slurm starts it again, in the same logdir,
-where it resumes from the checkpoint; then `scancel` stops it for good. Without
-Slurm installed the test skips naming the reason, unless SEEDACME_REQUIRE_SLURM=1.
+One cluster serves the module, and one sweep carries the four cases, since a
+program's start is most of a test's time (each start of the Catch program took 1-3
+minutes at load 10-16 on 2 cores): `--seeds 0-1 --requeue` submits two het jobs of
+three hosts each; seed 1 is `scancel`ed mid-run, seed 0 requeued (a preemption) at
+the same moment, resumed from its checkpoint, and run on to Catch's target; then the
+sweep is aggregated. Without Slurm installed the test skips naming the reason, unless
+SEEDACME_REQUIRE_SLURM=1.
 """
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from typing import Callable, Dict, List
@@ -63,108 +67,194 @@ def _events(logdir: str) -> List[str]:
     return []
 
 
-@pytest.mark.long('a Slurm cluster of three emulated nodes, a requeue, a resume and scancel: 2 min, 5 under load')
-@pytest.mark.timeout(600)
-def test_catch_job_requeued_resumes_and_scancel_stops_it_cleanly(tmp_path):
-  """Catch V-trace as one het job over three nodes (replay + learner on one, an actor
-  on each of two): progress in the logdir; a requeue (a preemption) stops it with a
-  summary saying Slurm did, and the job's second start resumes from the checkpoint
-  (the learner step continues); `scancel` then ends every process of the job, the
-  summary says the scheduler stopped it, and the last checkpoint is past the resume."""
+def _learning(logdir: str) -> bool:
+  return any(r.get('learner_steps') for r in _records(logdir))
+
+
+def _processes_of_job(tag: str, job: int) -> List[int]:
+  """The test's processes (`tag`) that belong to Slurm job `job` (its environment)."""
+  needle = f'SLURM_JOB_ID={job}'.encode()
+  out = []
+  for pid in leftover_processes(tag):
+    try:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
+        if needle in f.read().split(b'\0'):
+          out.append(pid)
+    except OSError:
+      continue
+  return out
+
+
+@pytest.fixture(scope='module')
+def slurm():
+  """One Slurm cluster for the module: a login host running slurmctld and three
+  nodes, each an emulated host with its own address (`tests/slurm_cluster.py`)."""
   _need_slurm_and_xmanager()
+  with SlurmCluster(['n1', 'n2', 'n3']) as cluster:
+    yield cluster
+
+
+@pytest.mark.long('a 2-seed Slurm sweep over three emulated hosts: a scancel, a requeue resumed to 0.9, aggregated: 2.5 min, 6 under load')
+@pytest.mark.timeout(900)
+def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm, tmp_path):
+  """One command submits Catch V-trace for seeds 0 and 1, each a het job over three
+  hosts (replay + learner on one, an actor on each of two others, each host its own
+  address and TLS endpoint). (b) Seed 1 is `scancel`ed mid-run: its summary says the
+  scheduler stopped it and no process of it is left on any host. (c) Seed 0 is
+  requeued (a preemption): its first start's summary names Slurm, and its second start
+  resumes from the checkpoint (the learner step continues). (a) Seed 0 then learns on
+  to Catch's target (0.9, the greedy evaluator's) and ends by itself. (d) `aggregate` tabulates both seeds."""
   tag = uuid.uuid4().hex
   tmp = tmpdir_without_underscore('seedacmeslurmjob')
-  logdir = os.path.join(tmp, 'logdir')
+  sweep = os.path.join(tmp, 'logdir')
+  logdirs = [os.path.join(sweep, f'seed_{n}') for n in (0, 1)]
   timings = {}
   started = time.monotonic()
   try:
-    with SlurmCluster(['n1', 'n2', 'n3']) as slurm:
-      timings['cluster_up'] = time.monotonic() - started
-      env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
+    env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
 
-      def context() -> str:
+    def context() -> str:
+      text = [slurm.run(['squeue'], check=False)]
+      for logdir in logdirs:
         out = os.path.join(logdir, 'slurm')
-        text = [slurm.run(['squeue'], check=False)]
         for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
           if name.endswith('.out'):
             with open(os.path.join(out, name), errors='replace') as f:
               text.append(f.read()[-3000:])
-        return '\n'.join(text)
+      return '\n'.join(text)
 
-      submitted = subprocess.run(
-          [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
-           '--logdir', logdir, '--actor_nodes', '2', '--requeue', '--max_seconds', '600',
-           '--progress_interval_s', '3', '--checkpoint_interval_s', '5'],
-          env=env, capture_output=True, text=True, timeout=120, check=False)
-      assert submitted.returncode == 0, submitted.stderr
-      job = int(submitted.stdout.split('submitted job ')[1].split()[0])
-      assert f'squeue -j {job}' in submitted.stdout and logdir in submitted.stdout
+    submitted = subprocess.run(slurm.client(
+        [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
+         '--logdir', sweep, '--seeds', '0-1', '--actor_nodes', '2', '--requeue',
+         '--max_seconds', '600', '--target_return', '0.9', '--target_on', 'eval',
+         '--progress_interval_s', '3',
+         '--checkpoint_interval_s', '5']),
+        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = [int(part.split()[0]) for part in submitted.stdout.split('submitted job ')[1:]]
+    assert len(jobs) == 2, submitted.stdout
+    assert f'squeue -j {jobs[0]},{jobs[1]}' in submitted.stdout, submitted.stdout
+    assert sweep in submitted.stdout and 'aggregate' in submitted.stdout
 
-      # Learning, with a checkpoint: the replicas run where the plan says.
-      _wait_for('learning', lambda: any(r.get('learner_steps') for r in _records(logdir)),
-                300, context)
-      timings['learning'] = time.monotonic() - started
+    # (c) Seed 0 requeued at its first checkpoint (a preemption: SIGTERM, then
+    # KillWait; Slurm starts it again): its target, the greedy evaluator's, is one it
+    # cannot reach this soon. (b) Seed 1 scancel'ed at its first checkpoint.
+    _wait_for('learning', lambda: _learning(logdirs[0]), 400, context)
+    step = _wait_for('a checkpoint', lambda: checkpointed_learner_step(logdirs[0]), 60,
+                     context)
+    timings['seed0_checkpoint'] = time.monotonic() - started
+    slurm.run(['scontrol', 'requeue', str(jobs[0])])
+    requeued = time.monotonic()
+    _wait_for('seed 1 learning', lambda: _learning(logdirs[1]), 400, context)
+    _wait_for('a checkpoint of seed 1', lambda: checkpointed_learner_step(logdirs[1]), 60,
+              context)
+    slurm.run(['scancel', str(jobs[1])])
+    cancelled = time.monotonic()
+    _wait_for('seed 1 to leave the queue', lambda: slurm.job_state(jobs[1]) == '', 90,
+              context)
+    _wait_for('every process of seed 1 to end, on every host',
+              lambda: not _processes_of_job(tag, jobs[1]), 30, context)
+    timings['scancel_to_clean'] = time.monotonic() - cancelled
+    cancelled_summary = logdir_lib.read_summary(logdirs[1])
+
+    # Their replicas ran where the plan says: each on the hosts' own
+    # addresses, three hosts per job.
+    plans = []
+    for job, logdir in zip(jobs, logdirs):
       with open(os.path.join(logdir, 'slurm', f'job-{job}', 'plan-0.json')) as f:
-        plan = json.load(f)
+        plans.append(json.load(f))
+    for plan in plans:
       assert plan['tasks'] == [[['replay/0', 'learner/0']],
                                [['actor/0'], ['actor/1', 'evaluator/0']]]
       ports = {int(a.rpartition(':')[2]) for pool in plan['spec'].values() for a in pool}
       assert len(ports) == 5
-      step = _wait_for('a checkpoint', lambda: checkpointed_learner_step(logdir), 60,
-                       context)
+      hosts = [h for component in plan['hosts'] for h in component]
+      assert len(set(hosts)) == 3, plan['hosts']
+      assert set(hosts) <= {slurm.addresses[n] for n in slurm.nodes}, plan['hosts']
+      assert {a.rpartition(':')[0] for pool in plan['spec'].values() for a in pool} \
+          == set(hosts), plan['spec']
+    # Between hosts, only the run's TLS endpoint: its credentials in the shared logdir.
+    tls = os.path.join(logdirs[0], 'tls')
+    assert os.stat(tls).st_mode & 0o777 == 0o700
+    assert all(os.stat(os.path.join(tls, n)).st_mode & 0o777 == 0o600
+               for n in os.listdir(tls)), os.listdir(tls)
 
-      # A preemption: Slurm stops the job (SIGTERM, then KillWait) and starts it again.
-      slurm.run(['scontrol', 'requeue', str(job)])
-      requeued = time.monotonic()
-      summary = _wait_for('the first start\'s summary',
-                          lambda: (logdir_lib.read_summary(logdir) or {}).get('scheduler'),
-                          60, context)
-      assert summary == {'name': 'slurm', 'job_id': str(job), 'restart_count': 0}
-      stopped_at = checkpointed_learner_step(logdir)
-      assert stopped_at >= step
-      # Slurm holds a requeued job ~2 minutes (its eligible time); and on 22.05 a
-      # requeued het job stayed pending past it until its start time was updated.
-      _wait_for('the job to be pending again', lambda: slurm.job_state(job) == 'PENDING',
-                60, context)
-      slurm.run(['scontrol', 'update', f'JobId={job}', 'StartTime=now'])
-      resumed = _wait_for('the resume', lambda: next(
-          (e for e in _events(logdir) if e.startswith('resumed from checkpoint')), None),
-          300, context)
-      timings['resumed_after_requeue'] = time.monotonic() - requeued
-      before = len(_records(logdir))
-      later = _wait_for('learning after the resume', lambda: next(
-          (r for r in _records(logdir)[before:] if r.get('learner_steps', 0) > stopped_at),
-          None), 120, context)
-      assert os.path.exists(os.path.join(logdir, 'slurm', f'job-{job}', 'plan-1.json'))
-      _wait_for('a checkpoint after the resume',
-                lambda: (checkpointed_learner_step(logdir) or 0) > stopped_at, 60, context)
+    summary = _wait_for('seed 0\'s first start\'s summary',
+                        lambda: (logdir_lib.read_summary(logdirs[0]) or {}).get('scheduler'),
+                        60, context)
+    assert summary == {'name': 'slurm', 'job_id': str(jobs[0]), 'restart_count': 0}
+    stopped_at = checkpointed_learner_step(logdirs[0])
+    assert stopped_at >= step
+    # Slurm holds a requeued job ~2 minutes (its eligible time); and on 22.05 a
+    # requeued het job stayed pending past it until its start time was updated.
+    _wait_for('the job to be pending again',
+              lambda: slurm.job_state(jobs[0]) == 'PENDING', 60, context)
+    slurm.run(['scontrol', 'update', f'JobId={jobs[0]}', 'StartTime=now'])
+    resumed = _wait_for('the resume', lambda: next(
+        (e for e in _events(logdirs[0]) if e.startswith('resumed from checkpoint')), None),
+        300, context)
+    timings['resumed_after_requeue'] = time.monotonic() - requeued
+    before = len(_records(logdirs[0]))
+    later = _wait_for('learning after the resume', lambda: next(
+        (r for r in _records(logdirs[0])[before:]
+         if r.get('learner_steps', 0) > stopped_at), None), 120, context)
+    with open(os.path.join(logdirs[0], 'slurm', f'job-{jobs[0]}', 'plan-1.json')) as f:
+      assert json.load(f)['restart_count'] == 1
 
-      # scancel: a clean stop, as Ctrl-C.
-      summary_before = os.stat(os.path.join(logdir, logdir_lib.SUMMARY)).st_mtime_ns
-      slurm.run(['scancel', str(job)])
-      cancelled = time.monotonic()
-      _wait_for('the job to leave the queue', lambda: slurm.job_state(job) == '', 90,
-                context)
-      _wait_for('every process of the job to end', lambda: not leftover_processes(tag),
-                30, context)
-      timings['scancel_to_clean'] = time.monotonic() - cancelled
-      final = logdir_lib.read_summary(logdir)
-      final_step = checkpointed_learner_step(logdir)
+    # (a) The resumed run learns on to its target and ends by itself; every process
+    # of the sweep ends with it.
+    final = _wait_for('seed 0 to reach 0.9', lambda: (
+        lambda s: s if s and s['stop']['kind'] != 'stop_requested' else None)(
+            logdir_lib.read_summary(logdirs[0])), 400, context)
+    timings['target'] = time.monotonic() - started
+    _wait_for('seed 0 to leave the queue', lambda: slurm.job_state(jobs[0]) == '', 120,
+              context)
+    _wait_for('every process of the sweep to end', lambda: not leftover_processes(tag),
+              30, context)
+    final_step = checkpointed_learner_step(logdirs[0])
+    outputs = []
+    for job, logdir in zip(jobs, logdirs):
       with open(os.path.join(logdir, 'slurm', f'slurm-{job}.out'), errors='replace') as f:
-        output = f.read()
+        outputs.append(f.read())
+
+    # (d) One command tabulates the sweep.
+    aggregated = subprocess.run(
+        [sys.executable, '-m', 'seedacme.launchers.slurm', 'aggregate', sweep,
+         '--metric', 'average_return'], cwd=REPO, capture_output=True, text=True,
+        timeout=120, check=False)
+    with open(os.path.join(sweep, 'aggregate.json')) as f:
+      table = json.load(f)
   finally:
     leftovers = leftover_processes(tag)
     shutil.rmtree(tmp, ignore_errors=True)
+  timings['total'] = time.monotonic() - started
   print('timings', {k: round(v) for k, v in timings.items()})
+  print(aggregated.stdout)
   assert not leftovers, leftovers
-  assert final is not None and summary_before is not None
-  assert final['stop']['kind'] == 'stop_requested', final['stop']
-  assert final['scheduler'] == {'name': 'slurm', 'job_id': str(job), 'restart_count': 1}
-  assert 'Slurm' in final['stopped_because']
+  # (b) the cancelled seed: stopped as by Ctrl-C, the summary naming the scheduler.
+  assert cancelled_summary['stop']['kind'] == 'stop_requested', cancelled_summary['stop']
+  assert 'Slurm' in cancelled_summary['stopped_because']
+  assert cancelled_summary['scheduler'] == {'name': 'slurm', 'job_id': str(jobs[1]),
+                                            'restart_count': 0}
+  # (a, c) the requeued seed: resumed past its checkpoint, then to the target.
+  assert final['stop']['kind'] == 'eval_target' and final['stop']['value'] >= 0.9, final['stop']
   assert final['resumed_from_learner_step'] is not None, resumed
   assert final['resumed_from_learner_step'] >= stopped_at
   assert final_step > stopped_at and later['learner_steps'] > stopped_at
-  assert output.count('stopped by the scheduler; summary marked') == 2, output[-3000:]
+  # Each seed's summary was marked once: seed 0's requeue, seed 1's scancel.
+  for output in outputs:
+    assert output.count('stopped by the scheduler; summary marked') == 1, output[-3000:]
+  # Between hosts, the TLS endpoints let the run's own in (and refused no one).
+  seen = [json.loads(line.replace("'", '"')) for line in re.findall(
+      r'TLS endpoint (\{.*\})', outputs[1])]
+  assert seen and sum(s['accepted'] for s in seen) >= 2, outputs[1][-3000:]
+  assert all(s['refused'] == 0 for s in seen), seen
+  # (d) the table: both seeds, median and range at fixed env steps.
+  assert aggregated.returncode == 0, aggregated.stderr
+  assert 'over seeds [0, 1]' in aggregated.stdout, aggregated.stdout
+  assert table['seeds'] == [0, 1] and table['points'], table
+  assert all(row['seeds'] == 2 for row in table['points'] if row['median'] is not None)
+  assert any(row['median'] is not None for row in table['points']), table['points']
 
 
 # One more start of the program (~2.5 min at load 8) and the controller's SlurmdTimeout:
@@ -185,10 +275,10 @@ def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp
   try:
     with SlurmCluster(['n1', 'n2', 'n3'], slurmd_timeout_s=20) as slurm:
       env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
-      submitted = subprocess.run(
+      submitted = subprocess.run(slurm.client(
           [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
            '--logdir', logdir, '--actor_nodes', '2', '--requeue', '--max_seconds', '600',
-           '--progress_interval_s', '2', '--checkpoint_interval_s', '5'],
+           '--progress_interval_s', '2', '--checkpoint_interval_s', '5']),
           env=env, capture_output=True, text=True, timeout=120, check=False)
       assert submitted.returncode == 0, submitted.stderr
       job = int(submitted.stdout.split('submitted job ')[1].split()[0])
