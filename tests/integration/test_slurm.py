@@ -264,10 +264,12 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
 @pytest.mark.long('a lost Slurm node until the job is requeued: 3-5 min')
 @pytest.mark.timeout(600)
 def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp_path):
-  """The node of actor/1 and the evaluator lost (its slurmd, slurmstepds and task
-  processes killed): the run goes on with actor/0; the controller marks the node down
-  and ends the job, whose SIGTERM marks the summary; with --requeue the job waits in the
-  queue for three nodes, nothing of it left running."""
+  """The host of actor/1 and the evaluator lost (every process in its network
+  namespace killed: its slurmd, slurmstepds, the task and its replicas), on a cluster
+  of its own (a short SlurmdTimeout; a node that does not come back): the run goes on
+  with actor/0; the controller marks the node down and ends the job, whose SIGTERM
+  marks the summary; with --requeue the job waits in the queue for three nodes,
+  nothing of it left running."""
   _need_slurm_and_xmanager()
   tag = uuid.uuid4().hex
   tmp = tmpdir_without_underscore('seedacmeslurmjob')
@@ -288,7 +290,7 @@ def test_a_lost_actor_node_leaves_the_run_going_until_slurm_requeues_the_job(tmp
           for r in _records(logdir)), 300, context)
       with open(os.path.join(logdir, 'slurm', f'job-{job}', 'plan-0.json')) as f:
         lost = json.load(f)['nodes'][1][1]  # actor/1 and the evaluator
-      assert slurm.kill_node(lost) >= 4  # slurmd, a slurmstepd, the task, its launcher
+      assert slurm.kill_node(lost) >= 4  # slurmd, a slurmstepd, the task, its replicas
       killed = time.monotonic()
       before = len(_records(logdir))
       one = _wait_for('the run to go on with one actor', lambda: next(
