@@ -9,7 +9,6 @@ import os
 import signal
 import tempfile
 import threading
-import time
 
 import psutil
 import pytest
@@ -38,18 +37,26 @@ def _started(directory):
   return sorted(int(p) for p in os.listdir(directory))
 
 
+def _created(pid):
+  return psutil.Process(pid).create_time()
+
+
 @pytest.mark.timeout(90)
 def test_a_waiting_standby_takes_over_from_a_killed_child(tmp_path, wait_until):
   stop = threading.Event()
+  # A standby 1 s after its child (the default, 10 s, spent 20 of the test's 21 s
+  # waiting for the two standbys); still past crash_loop_s, so the child killed once
+  # its standby is up has outlived it and the standby takes over.
   sup = Supervisor(_targets()[0], {'directory': str(tmp_path)}, 'test', stop_event=stop,
-                   standby_imports=('json',), crash_loop_s=0.5)
+                   standby_imports=('json',), crash_loop_s=0.5, standby_delay_s=1.0)
   thread = threading.Thread(target=sup.run)
   thread.start()
   try:
     assert wait_until(lambda: len(_started(tmp_path)) == 1 and sup.standby is not None)
     first, standby = sup.child, sup.standby
     assert _started(tmp_path) == [first.pid]  # the standby has not run the target
-    time.sleep(1.0)  # past crash_loop_s
+    # Started standby_delay_s after its child, not with it (process start times, 10 ms).
+    assert _created(standby.pid) - _created(first.pid) >= 0.9
     os.kill(first.pid, signal.SIGKILL)
     assert wait_until(lambda: len(_started(tmp_path)) == 2)
     assert sorted(_started(tmp_path)) == sorted([first.pid, standby.pid])
