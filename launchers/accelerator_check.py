@@ -15,7 +15,8 @@ the networks on the device and times
 * inference: the compiled batch step (`TFServerPolicy.step`, what the inference server
   calls) per batch size, the median of `--calls` calls after the bucket is compiled;
 * learning: the agent's learner step (`train_on`) on a synthetic batch of its replay
-  items (`item_signature`) at the agent's registry batch size, median of a few steps,
+  items (`item_signature`) at the agent's registry batch size (`--learner_batch_size`:
+  another, the same for every agent), median of a few steps,
 
 and checks that it really ran there: the policy step's outputs and every variable the
 learner trains or keeps (optimizer slots included) must be on the device (TensorFlow
@@ -78,6 +79,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='timed inference calls per batch size (default 20; --quick 5)')
   p.add_argument('--learner_steps', type=int, default=None,
                  help='timed learner steps per agent (default 5; --quick 2)')
+  p.add_argument('--learner_batch_size', type=int, default=None,
+                 help="every learner's batch size (default: each agent's registry batch "
+                      'size); a small one checks the path in a fraction of the time')
   p.add_argument('--agents', default=None,
                  help='comma-separated agents (default: every registered agent)')
   p.add_argument('--out_dir', default=RESULTS, help='where the JSON goes')
@@ -93,8 +97,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.calls = 5 if args.quick else 20
   if args.learner_steps is None:
     args.learner_steps = 2 if args.quick else 5
-  if min(args.batch_sizes) < 1 or args.calls < 1 or args.learner_steps < 1:
-    p.error('batch sizes, --calls and --learner_steps must be >= 1')
+  if min(args.batch_sizes) < 1 or args.calls < 1 or args.learner_steps < 1 or (
+      args.learner_batch_size is not None and args.learner_batch_size < 1):
+    p.error('batch sizes, --calls, --learner_steps and --learner_batch_size must be >= 1')
   return args
 
 
@@ -453,10 +458,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       continue
     started = time.perf_counter()
     try:
-      builder = registry.make_builder(case.agent, case.env)
+      overrides = ({} if args.learner_batch_size is None
+                   else {'batch_size': args.learner_batch_size})
+      builder = registry.make_builder(case.agent, case.env, **overrides)
       if getattr(builder.config, 'sgd_steps_per_sample', 1) != 1:
         # One gradient step per timed call (SAC's MuJoCo default fuses 4 per sample).
-        builder = registry.make_builder(case.agent, case.env, sgd_steps_per_sample=1)
+        builder = registry.make_builder(case.agent, case.env, sgd_steps_per_sample=1,
+                                        **overrides)
       with tf.device(device):
         networks = builder.make_networks(case.spec)
       inference += time_inference(case, builder, networks, device, args.batch_sizes,
@@ -486,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                'cuda_libraries': cuda, 'cuda_loaded': list(loaded),
                'xla_flags': os.environ.get('XLA_FLAGS', ''),
                'calls': args.calls, 'learner_steps': args.learner_steps,
+               'learner_batch_size': args.learner_batch_size,
                'inference': inference, 'learner': learners, 'errors': errors,
                'off_device': off_device}, f, indent=1)
   print(f'\nwrote {path}')

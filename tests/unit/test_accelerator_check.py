@@ -34,9 +34,12 @@ def test_without_an_accelerator_it_says_so_in_one_line_and_exits_1(capsys):
 @pytest.mark.long("traces and times every agent's learner step on the CPU: 70-160 s")
 @pytest.mark.timeout(300)  # traces every agent's step: ~70 s quiet, 160 s at load 7
 def test_allow_cpu_times_every_agent_on_the_cpu_and_writes_json(tmp_path, capsys):
+  # Learner batches of 2: what is checked (the path runs, on the device, a finite loss)
+  # does not depend on the size, and PPO's Atari batch of 32 x 128 frames was most of
+  # the time (two of its steps: ~2/3 of the test).
   code = accelerator_check.main(['--allow_cpu', '--quick', '--batch_sizes', '1',
                                  '--calls', '1', '--learner_steps', '1',
-                                 '--out_dir', str(tmp_path)])
+                                 '--learner_batch_size', '2', '--out_dir', str(tmp_path)])
   out = capsys.readouterr().out
   assert code == 0, out
   [path] = glob.glob(os.path.join(str(tmp_path), 'accelerator_check_*.json'))
@@ -54,7 +57,9 @@ def test_allow_cpu_times_every_agent_on_the_cpu_and_writes_json(tmp_path, capsys
   assert set(inference) == expected and set(learner) == expected
   for row in result['inference']:
     assert row['batch'] == 1 and row['ms'] > 0 and row['on_device'], row
+  assert result['learner_batch_size'] == 2
   for row in result['learner']:
+    assert row['batch'] == 2, row
     assert row['ms'] > 0 and row['transitions'] > 0 and row['loss_finite'], row
     assert row['on_device'] and row['variable_devices'], row
   assert 'ms/batch' in out and 'transitions/s' in out
