@@ -23,11 +23,16 @@ from seedacme.agents.vtrace.networks import make_network
 from tests.unit.pong_unrolls import conv_alive, random_play_unrolls
 
 
+@pytest.fixture(scope='module')
+def unrolls():
+  """The Pong unrolls, played once for both optimizers' cases."""
+  return random_play_unrolls()
+
+
 @pytest.mark.long('trains the Atari torso on real Pong frames: 35-50 s per optimizer')
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('optimizer', [None, 'adam'])
-def test_registry_atari_settings_keep_the_torso_alive(optimizer):
-  unrolls = random_play_unrolls()
+def test_registry_atari_settings_keep_the_torso_alive(optimizer, unrolls):
   assert sum(int((u['reward'] != 0).sum()) for u in unrolls) > 10  # points were lost
   overrides = {'optimizer': optimizer} if optimizer else {}
   config = registry.make_builder('vtrace', 'atari', batch_size=8, **overrides).config

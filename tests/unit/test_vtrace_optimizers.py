@@ -5,7 +5,7 @@
 - The learner step with every option (Adam/RMSprop, XLA on/off) gives a finite loss and
   moves every layer's parameters.
 - On a fixed batch of real Pong unrolls, the registry's Atari settings drive the value
-  loss down over 200 updates (a learning smoke with real frames and rewards).
+  loss down over 50 updates (a learning smoke with real frames and rewards).
 """
 
 import numpy as np
@@ -100,6 +100,8 @@ def test_atari_settings_drive_the_value_loss_down_on_real_pong():
   network = make_network(config.core, 6, config.hidden_sizes, config.lstm_size,
                          config.torso)
   learner = VTraceLearner(network, config, None)
-  losses = [learner.train_on(batch)['baseline_loss'] for _ in range(200)]
+  # 50 updates (were 200): the last 10's mean was already 0.001-0.003 of the first 10's
+  # after 40 in three seeds (0.0-0.002 after 200), against the bar of 0.5.
+  losses = [learner.train_on(batch)['baseline_loss'] for _ in range(50)]
   first, last = np.mean(losses[:10]), np.mean(losses[-10:])
   assert last < 0.5 * first, (first, last)
