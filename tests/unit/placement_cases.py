@@ -1,12 +1,15 @@
-"""Logical-device checks, each run in a fresh process (`python placement_cases.py CASE`).
+"""Logical-device checks, run in a fresh process (`python placement_cases.py CASE...`).
 
 The CPU can be split into logical devices only before TensorFlow first lists them, which
-a pytest process running other tests has long done; so `test_placement.py` runs each
-case here in its own process, which prints one JSON line of what it found.
+a pytest process running other tests has long done; so `test_placement.py` runs the
+cases here in a process of their own (one for all of them: TensorFlow's import is most
+of a case's time), which prints one JSON line: per case, what it found, or the error it
+raised (so one case failing fails its own test only).
 """
 
 import json
 import sys
+import traceback
 
 import numpy as np
 
@@ -161,5 +164,12 @@ def sync_case():
   return {'stale': stale, 'fresh': fresh, 'served': served, 'copies': sync.copies}
 
 
+def _run(name):
+  try:
+    return globals()[name + '_case']()
+  except Exception:  # pylint: disable=broad-except  (reported to the case's test)
+    return {'error': traceback.format_exc()}
+
+
 if __name__ == '__main__':
-  print(json.dumps(globals()[sys.argv[1] + '_case']()))
+  print(json.dumps({name: _run(name) for name in sys.argv[1:]}))

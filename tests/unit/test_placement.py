@@ -1,5 +1,5 @@
 """Placement of inference and learning on devices, tested with the CPU split into logical
-devices (each device case runs in a fresh process: `placement_cases.py`).
+devices (the device cases run in a fresh process, one for the module: `placement_cases.py`).
 
 `resolve`'s defaults and refusals against device lists; then, on 4 logical CPUs: the
 learner's variables and the batch step land on the devices named; a learner step
@@ -54,17 +54,29 @@ def test_impossible_placements_name_the_devices(inference, learner, message):
     _resolve(inference, learner, GPUS)
 
 
-def _case(name):
+_CASES = ('devices', 'mirrored_equals_single', 'sync')
+
+
+@pytest.fixture(scope='module')
+def cases():
+  """What each case of `placement_cases.py` found, all run in one fresh process (each in
+  its own took ~10 s more, TensorFlow imported again); the first test waits for it."""
   here = os.path.dirname(os.path.abspath(__file__))
-  out = subprocess.run([sys.executable, os.path.join(here, 'placement_cases.py'), name],
-                       capture_output=True, text=True, timeout=240, check=False)
+  out = subprocess.run([sys.executable, os.path.join(here, 'placement_cases.py'), *_CASES],
+                       capture_output=True, text=True, timeout=280, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _case(cases, name):
+  found = cases[name]
+  assert 'error' not in found, found['error']
+  return found
+
+
 @pytest.mark.timeout(300)
-def test_variables_and_the_batch_step_land_on_the_devices_named():
-  found = _case('devices')
+def test_variables_and_the_batch_step_land_on_the_devices_named(cases):
+  found = _case(cases, 'devices')
   assert [d.split('device:')[-1] for d in found['learner_variable_devices']] == \
       ['CPU:1', 'CPU:2']
   assert found['policy_device'] == '/device:CPU:3' and len(found['actions']) == 4
@@ -72,8 +84,8 @@ def test_variables_and_the_batch_step_land_on_the_devices_named():
 
 
 @pytest.mark.timeout(300)
-def test_a_step_mirrored_over_two_devices_equals_the_single_device_step():
-  found = _case('mirrored_equals_single')
+def test_a_step_mirrored_over_two_devices_equals_the_single_device_step(cases):
+  found = _case(cases, 'mirrored_equals_single')
   for agent in ('vtrace', 'r2d2', 'ppo'):
     assert found[agent]['same_start'] == 0.0
     assert found[agent]['moved'] > 1e-5  # the step changed the variables ...
@@ -82,8 +94,8 @@ def test_a_step_mirrored_over_two_devices_equals_the_single_device_step():
 
 
 @pytest.mark.timeout(300)
-def test_inference_on_its_own_device_serves_with_parameters_at_most_one_step_old():
-  found = _case('sync')
+def test_inference_on_its_own_device_serves_with_parameters_at_most_one_step_old(cases):
+  found = _case(cases, 'sync')
   assert found['served'] == 3 and found['copies'] == 4
   assert all(s > 0 for s in found['stale'])  # one learner step behind before the copy
   assert found['fresh'] == [0.0, 0.0, 0.0]  # equal after it
