@@ -111,6 +111,13 @@ class EmulatedHosts:
     """The `unshare` process (outside the namespaces) the agent runs under."""
     return self._agent.pid
 
+  @property
+  def pid1(self) -> int:
+    """The agent inside the namespaces (`unshare -f`'s child: their PID 1), through whose
+    /proc entry a process outside reaches them (`nsenter -t`, `/proc/<pid>/root/run/netns`)."""
+    with open(f'/proc/{self.agent_pid}/task/{self.agent_pid}/children') as f:
+      return int(f.read().split()[0])
+
   def __enter__(self) -> 'EmulatedHosts':
     return self
 
@@ -329,8 +336,7 @@ def _serve(names: List[str]) -> int:
 
 def _by_hand(names: List[str]) -> int:
   with EmulatedHosts(names) as hosts:
-    with open(f'/proc/{hosts.agent_pid}/task/{hosts.agent_pid}/children') as f:
-      pid1 = f.read().split()[0]  # `unshare` forks the agent into the new namespaces
+    pid1 = hosts.pid1
     for name, address in hosts.addresses.items():
       print(f'host {name}: {address}   shell: nsenter -t {pid1} -U -m -p '
             f'--preserve-credentials ip netns exec host-{name} bash')

@@ -84,9 +84,8 @@ class SlurmCluster:
   def client(self, command: List[str]) -> List[str]:
     """`command` as run on the login host (its network namespace, this process's
     everything else): how a test reaches the cluster, and how it submits."""
-    pid1 = open(f'/proc/{self.hosts.agent_pid}/task/{self.hosts.agent_pid}/children'
-                ).read().split()[0]  # `unshare -f`'s child: PID 1 of the hosts
-    return ['nsenter', f'--net=/proc/{pid1}/root/run/netns/host-{LOGIN}', *command]
+    return ['nsenter', f'--net=/proc/{self.hosts.pid1}/root/run/netns/host-{LOGIN}',
+            *command]
 
   def run(self, command: List[str], check: bool = True, timeout: float = 30.0) -> str:
     done = subprocess.run(self.client(command), env=self.env, capture_output=True,

@@ -30,6 +30,13 @@ def wait_for_log(run: Run, node: str, text: str, timeout: float = 60) -> None:
       f'{node} did not log {text!r} within {timeout:.0f}s:\n' + run.node_log(node)[-3000:]
 
 
+def wait_for_learning(run: Run, when: str) -> None:
+  """Waits (up to 150 s) until a progress record shows a learner step."""
+  learning = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
+  assert wait_for(learning, 150, run), \
+      f'the learner never stepped {when}\n' + run.output[-3000:]
+
+
 def restarted_once(run: Run, node: str, victim: int) -> bool:
   return re.search(rf'child {victim} died \(exit code -9\)( after \d+s)?; restart #1',
                    run.node_log(node)) is not None
@@ -69,9 +76,7 @@ def kill_replay_after_a_checkpoint(run: Run, target: float, watched: str) -> Rep
   before the run can reach `target` (on the progress records' `watched` average: a run
   that ended first fails here, by name); waits for the restore and for learning to go on.
   """
-  learning = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
-  assert wait_for(learning, 150, run), \
-      'the learner never stepped before the replay kill\n' + run.output[-3000:]
+  wait_for_learning(run, 'before the replay kill')
   # A checkpoint begun after the learner was seen stepping (names are times), finished.
   seen = _complete_checkpoints(run) | {os.path.basename(c) for c in replay_checkpoints(run)}
   fresh = lambda: bool(_complete_checkpoints(run) - seen)  # noqa: E731

@@ -10,14 +10,9 @@ from tests.integration.launch import (Run, wait_for, checkpointed_learner_step, 
                                       target_value)
 from tests.integration.replay_faults import (check_replay_restored, kill_child,
                                              kill_replay_after_a_checkpoint, restarted_once,
-                                             wait_for_log)
+                                             wait_for_learning, wait_for_log)
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_for_learning(run: Run) -> None:
-  learning = lambda: any(r['learner_steps'] > 0 for r in run.progress())  # noqa: E731
-  assert wait_for(learning, 150, run), run.output[-3000:]
 
 
 @pytest.mark.long('learns Catch to 0.9 through three kills: ~2 min, up to 6 under load')
@@ -44,7 +39,7 @@ def test_killed_central_actor_and_replay_come_back_and_catch_is_learned(tmp_path
         r'requests through shared memory \(segment of \d+ envs, generation (\d+)\)',
         run.node_log('actor/0')))) == 2
     assert wait_for(attached, 120, run), run.node_log('actor/0')[-3000:]
-    _wait_for_learning(run)
+    wait_for_learning(run, 'after the central node came back')
     # 2. An actor.
     actor = kill_child(run, 'actor/0')
     wait_for_log(run, 'learner/0', 'Run id changed for 8 envs (actor restart)')
