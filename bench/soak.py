@@ -111,8 +111,7 @@ def main():
   for p in leftovers:
     os.kill(p, signal.SIGKILL)
   errors = count_errors(nodes_dir)
-  summary_path = os.path.join(logdir, 'summary.json')
-  summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+  summary = logdir_lib.read_summary(logdir) or {}
 
   # No baseline (learning never started, or started too late to warm up): nothing was
   # measured, which is a failure, not a pass.

@@ -53,28 +53,30 @@ def _make_mujoco(seed: int, level: str = 'HalfCheetah-v5',
   import gymnasium
   from seedacme.envs import gym_adapter
   kwargs = {} if max_episode_steps is None else dict(max_episode_steps=max_episode_steps)
-  if contact_forces or _has_contact_forces(level):
+  has_forces = _has_contact_forces(level)
+  if has_forces:
     kwargs['include_cfrc_ext_in_observation'] = bool(contact_forces)
+  elif contact_forces and has_forces is not None:
+    raise ValueError(f'contact_forces=True: the MuJoCo task {level!r} has no contact '
+                     'forces to add to its observation')
   kwargs['random_first_episode'] = random_first_episode
   try:
     return gym_adapter.make_gymnasium(level, seed, **kwargs)
-  except TypeError as e:  # contact_forces=True on a task without the option
-    raise ValueError(f'contact_forces=True: the MuJoCo task {level!r} has no contact '
-                     f'forces to add to its observation ({e})') from e
   except gymnasium.error.Error as e:  # an unknown id, or mujoco not installed
     raise ValueError(f'cannot make the MuJoCo task {level!r}: {e}') from e
 
 
-def _has_contact_forces(level: str) -> bool:
-  """Whether a gymnasium task takes `include_cfrc_ext_in_observation` (False for an
-  unknown id: making it fails with gymnasium's own message)."""
-  import inspect
+@functools.cache
+def _has_contact_forces(level: str) -> bool | None:
+  """Whether a gymnasium task takes `include_cfrc_ext_in_observation` (None for an
+  unknown id: making it fails with gymnasium's own message). Once per task: every env
+  of an actor asks."""
   import gymnasium
   from gymnasium.envs.registration import load_env_creator
   try:
     creator = load_env_creator(gymnasium.spec(level).entry_point)
   except gymnasium.error.Error:
-    return False
+    return None
   return 'include_cfrc_ext_in_observation' in inspect.signature(creator).parameters
 
 

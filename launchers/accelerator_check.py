@@ -452,14 +452,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f'{", ".join(registry.agent_names())}', file=sys.stderr)
     return 2
   inference, learners, errors = [], [], []
+  overrides = ({} if args.learner_batch_size is None
+               else {'batch_size': args.learner_batch_size})
   for case in cases(agents):
     if case.agent not in LEARNERS:
       errors.append(f'{case.name}: no learner recipe in accelerator_check.LEARNERS')
       continue
     started = time.perf_counter()
     try:
-      overrides = ({} if args.learner_batch_size is None
-                   else {'batch_size': args.learner_batch_size})
       builder = registry.make_builder(case.agent, case.env, **overrides)
       if getattr(builder.config, 'sgd_steps_per_sample', 1) != 1:
         # One gradient step per timed call (SAC's MuJoCo default fuses 4 per sample).
