@@ -217,8 +217,9 @@ def main() -> int:
       row[f'{mode}_of_ceiling'] = row[f'{mode}_per_s'] / row['ceiling_per_s']
     for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central'),
                  ('cross', 'central'), ('cross', 'shm'), ('tls', 'cross')):
-      if a in ran and b in ran:
-        row[f'{a}_vs_{b}'] = row[f'{a}_per_s'] / row[f'{b}_per_s']
+      if a in ran and b in ran:  # None where a mode measured no steps (nothing to compare)
+        row[f'{a}_vs_{b}'] = (row[f'{a}_per_s'] / row[f'{b}_per_s']
+                              if row[f'{b}_per_s'] > 0 else None)
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
