@@ -3,7 +3,7 @@ their schedule for two at a time (`scripts/test`: pytest-xdist, `--dist loadgrou
 
 A program here leaves a third to a half of the 2 cores idle (actors wait on inference,
 nodes wait on ports, tests poll and wait out partitions): `scripts/test` on a fresh
-clone used 1.07 cores of 2 (user+sys 16.2 min in 13.8 min of wall, 2026-11-28), so two
+clone used 1.18 cores of 2 (user+sys 16.2 min in 13.8 min of wall, 2026-11-28), so two
 tests run at once. The emulated clusters (hosts, Vertex, Slurm: several programs each)
 run one after another on one worker, and the longest tests are handed out first, so
 the last to finish is not a long one started late.
