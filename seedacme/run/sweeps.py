@@ -5,10 +5,12 @@
 The form of the published tables here (median and range over seeds at fixed env steps,
 and the curves): each seed's return at a point is its last record at or before those
 env steps, so a seed that reports every 5 s and one that reports every 30 s are read
-alike; the points run up to the env steps every seed reached, so no median mixes in
-fewer seeds at its end. Training averages over a partial window after a resume are
-left out, as the curves leave them out (`curves.full_windows`). Writes
-`aggregate.json` and `aggregate.png` beside the seeds.
+alike. A median, min and max are given only where every seed has a value: the points
+run up to the env steps every seed reached, and a point before some seed's first record
+shows '-' (a run whose first record came later, because it started later or more
+slowly, would otherwise leave a one-seed median at the start). Training averages over
+a partial window after a resume are left out, as the curves leave them out
+(`curves.full_windows`). Writes `aggregate.json` and `aggregate.png` beside the seeds.
 """
 
 import argparse
@@ -54,7 +56,8 @@ def value_at(curve: Sequence[Tuple[int, float]], env_steps: int) -> float | None
 def aggregate(curves: Dict[int, List[Tuple[int, float]]], points: int = 10,
               every: int = 0) -> Dict:
   """Median and range over seeds at fixed env steps: every `every` steps, or `points`
-  evenly spaced, up to the env steps every seed reached."""
+  evenly spaced, up to the env steps every seed reached; None where a seed has no record
+  yet (its `seeds` count says how many had)."""
   reached = min((c[-1][0] for c in curves.values() if c), default=0)
   if every:
     steps = list(range(every, reached + 1, every))
@@ -69,9 +72,11 @@ def aggregate(curves: Dict[int, List[Tuple[int, float]]], points: int = 10,
   for s in steps:
     values = {seed: value_at(c, s) for seed, c in curves.items()}
     have = sorted(v for v in values.values() if v is not None)
+    every_seed = bool(have) and len(have) == len(curves)
     rows.append({'env_steps': s, 'seeds': len(have),
-                 'median': _median(have), 'min': have[0] if have else None,
-                 'max': have[-1] if have else None,
+                 'median': _median(have) if every_seed else None,
+                 'min': have[0] if every_seed else None,
+                 'max': have[-1] if every_seed else None,
                  'per_seed': {str(k): v for k, v in values.items()}})
   finals = {str(seed): (c[-1][1] if c else None) for seed, c in curves.items()}
   return {'seeds': sorted(curves), 'env_steps_every_seed_reached': reached,
