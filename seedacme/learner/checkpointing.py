@@ -18,6 +18,12 @@ A resume restores the same run or refuses to start:
   match: a net with one hidden layer restored the first of a two-layer net's and went
   on. Optimizer state is created at the first update and restored then, so only it may
   stay unmatched at restore time.
+- until that first update no checkpoint is saved: TF reads the optimizer's values from
+  the restored checkpoint's files when it creates them, and `max_to_keep` saves at the
+  same learner step would delete those files (seen under load: three saves in 10 s of
+  tracing, then `NotFoundError ... ckpt-5` at the first update killed the central node
+  a second time); the saves would also lack the optimizer state. What such a save
+  would add is only the env steps and episodes since the restore.
 """
 
 import os
@@ -86,6 +92,11 @@ class Checkpointer:
     self._log_event = log_event or (lambda message: None)
     self._identity_saved = False
     self.saves = 0
+    self.skipped = 0  # saves not made while the restore was pending
+    # Keys of the restored checkpoint whose objects the program has not created yet
+    # (optimizer state, made at the first update): no save until they exist.
+    self._awaited: set = set()
+    self._awaited_from = ''
 
   def _expected_keys(self) -> set:
     """The keys a checkpoint of the current state has (written to memory: `ram://`)."""
@@ -114,6 +125,7 @@ class Checkpointer:
       problems.append(f'the checkpoint has {len(extra)} objects the program lacks '
                       f'({_listing(extra)})')
     if not problems:
+      self._awaited, self._awaited_from = saved - expected, path
       try:
         self._checkpoint.restore(path).assert_existing_objects_matched()
       except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
@@ -161,7 +173,28 @@ class Checkpointer:
       self._identity_saved = True
     return counters
 
-  def save(self, counters: Dict[str, int]) -> str:
+  def restore_pending(self) -> bool:
+    """Whether the restored checkpoint still holds values the program has not created
+    (optimizer state before the first update). Checked by writing the state to memory
+    (`ram://`), only until they exist."""
+    if self._awaited:
+      self._awaited -= self._expected_keys()
+      if not self._awaited:
+        logging.info('Checkpoint %s fully restored (optimizer state too): saving again',
+                     self._awaited_from)
+    return bool(self._awaited)
+
+  def save(self, counters: Dict[str, int]) -> str | None:
+    """Saves the state and `counters`; the path, or None while the restore is pending
+    (`restore_pending`: the restored checkpoint stays the latest)."""
+    if self.restore_pending():
+      if not self.skipped:
+        logging.info('Checkpoint not saved: %d values of %s are restored at the '
+                     "learner's first update, which has not come (it stays the latest)",
+                     len(self._awaited), self._awaited_from)
+      self.skipped += 1
+      self._last_save = time.monotonic()
+      return None
     for name, value in counters.items():
       if name in self._counters:
         self._counters[name].assign(int(value))

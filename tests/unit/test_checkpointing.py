@@ -194,3 +194,37 @@ def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
     directory = str(tmp_path / str(i))
     Checkpointer(directory, make().checkpoint_state()).save({'learner_steps': 1})
     assert Checkpointer(directory, make(train=False).checkpoint_state()).restore()
+
+
+def test_no_save_before_the_first_update_after_a_restore_keeps_its_optimizer_state(tmp_path):
+  """The optimizer's values are read from the restored checkpoint's files at the first
+  update: saves before it (max_to_keep=3, four of them) would delete those files, the
+  update then failed with NotFoundError and killed the central node. They are skipped
+  until the update; then the moments are the saved ones and saving resumes."""
+  network, learner, batch = _catch_learner()
+  Checkpointer(str(tmp_path), learner.checkpoint_state()).save(
+      {'learner_steps': 1, 'env_steps': 10, 'episodes': 1})
+  restored_path = tf.train.latest_checkpoint(str(tmp_path))
+  network2, learner2, _ = _catch_learner(train=False)
+  ckpt = Checkpointer(str(tmp_path), learner2.checkpoint_state(), max_to_keep=3)
+  assert ckpt.restore() and ckpt.restore_pending()
+  for step in range(4):
+    assert ckpt.save({'learner_steps': 1, 'env_steps': 20 + step}) is None
+  assert ckpt.skipped == 4 and ckpt.saves == 0
+  assert tf.train.latest_checkpoint(str(tmp_path)) == restored_path
+  learner.train_on(batch)
+  learner2.train_on(batch)  # reads the moments from the kept files
+  np.testing.assert_allclose(_flat(network2.variables), _flat(network.variables), rtol=1e-5,
+                             atol=1e-6)
+  assert not ckpt.restore_pending()
+  path = ckpt.save({'learner_steps': 2, 'env_steps': 30})
+  assert path and path != restored_path and ckpt.saves == 1
+
+
+def test_a_restore_with_every_value_matched_saves_at_once(tmp_path):
+  network, learner, _ = _catch_learner(train=False)  # saved before any update
+  Checkpointer(str(tmp_path), learner.checkpoint_state()).save({'learner_steps': 0})
+  _, learner2, _ = _catch_learner(train=False)
+  ckpt = Checkpointer(str(tmp_path), learner2.checkpoint_state())
+  assert ckpt.restore() is not None and not ckpt.restore_pending()
+  assert ckpt.save({'learner_steps': 0}) and ckpt.saves == 1
