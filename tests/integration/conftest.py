@@ -1,15 +1,14 @@
 """Integration tests' shared guard (no program outlives the test that launched it) and
-their schedule for two at a time (`SEEDACME_INTEGRATION_WORKERS=2 scripts/test`:
-pytest-xdist, `--dist loadgroup`; one at a time is the default).
+their schedule two at a time (`scripts/test`: pytest-xdist `-n 2`;
+`SEEDACME_INTEGRATION_WORKERS=1` runs one at a time).
 
 A program here leaves a third to a half of the 2 cores idle (actors wait on inference,
 nodes wait on ports, tests poll and wait out partitions): `scripts/test` on a fresh
 clone used 1.18 cores of 2 (user+sys 16.2 min in 13.8 min of wall, 2026-11-28). Two at
 a time, the emulated clusters (hosts, Vertex, Slurm: several programs each) run one
 after another on one worker, and the longest tests are handed out first, so the last to
-finish is not a long one started late. It stays off by default until the two fault
-tests it failed once (docs/testing.md) are fixed.
-"""
+finish is not a long one started late. A neighbour's load once failed two tests here;
+both were product bugs, since fixed (docs/testing.md)."""
 
 import pytest
 
