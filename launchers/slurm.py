@@ -1,7 +1,8 @@
 """`launchers/slurm`: a SEED program on a Slurm cluster, submitted as one job.
 
     python -m seedacme.launchers.slurm catch vtrace 4 8 --logdir /shared/runs/catch \\
-        --partition gpu --gres gpu:1 --actor_nodes 2 --time 2:00:00 [--seeds 0-4]
+        --partition gpu --gres gpu:1 --actor_partition cpu --actor_nodes 2 \\
+        --time 2:00:00 [--seeds 0-4]
 
 Writes a batch script and submits it with `sbatch`: one heterogeneous job whose
 component 0 (one node, one task; the GPU when `--gres` asks for one) runs the replay and
@@ -93,7 +94,11 @@ def _slurm_parser() -> argparse.ArgumentParser:
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--seeds', default=None,
                  help='a sweep: 0-4, 0,3,7 or 1-3,9; one job per seed')
-  p.add_argument('--partition', default=None)
+  p.add_argument('--partition', default=None,
+                 help="both components' partition (the learner's, with --actor_partition)")
+  p.add_argument('--actor_partition', default=None,
+                 help="component 1's partition (default: --partition), e.g. a CPU "
+                 'partition where --partition is the GPU one')
   p.add_argument('--account', default=None)
   p.add_argument('--time', default=None, help="the job's time limit (Slurm's format)")
   p.add_argument('--gres', default=None,
@@ -274,15 +279,17 @@ def batch_script(args: argparse.Namespace, forward: List[str], logdir: str, seed
   common = [f'--job-name={job_name}', f'--output={out}', '--open-mode=append',
             '--requeue' if args.requeue else '--no-requeue']
   # Each component takes these afresh after `hetjob`.
-  both = [f'--{k}={v}' for k, v in (('partition', args.partition),
-                                     ('account', args.account), ('time', args.time)) if v]
+  both = [f'--{k}={v}' for k, v in (('account', args.account), ('time', args.time)) if v]
   both += args.sbatch_arg
+  partitions = [f'--partition={p}' if p else None
+                for p in (args.partition, args.actor_partition or args.partition)]
   learner = ['--nodes=1', '--ntasks=1', f'--cpus-per-task={args.learner_cpus}']
   if args.gres:
     learner.append(f'--gres={args.gres}')
   actor_tasks = args.actor_tasks or args.actor_nodes
   actors = [f'--nodes={args.actor_nodes}', f'--ntasks={actor_tasks}',
             f'--cpus-per-task={args.actor_cpus}']
+  learner, actors = ([p] + c if p else c for p, c in zip(partitions, (learner, actors)))
   run = [python, '-m', 'seedacme.launchers.slurm', 'batch', '--logdir', logdir,
          '--seed', str(seed), '--actor_tasks', str(actor_tasks),
          '--port_range', args.port_range, *(['--gres', args.gres] if args.gres else []),

@@ -111,6 +111,20 @@ def test_batch_script_has_two_components_and_forwards_the_program_flags(capsys):
   assert 'nothing submitted' in script
 
 
+def test_the_actors_may_run_in_another_partition(capsys):
+  """A lab's GPU nodes and CPU nodes are often two partitions: the learner's component
+  in one, the actors' in the other (a heterogeneous job's components may differ)."""
+  assert slurm.main(['catch', 'vtrace', '2', '--logdir', '/shared/runs/c', '--gres',
+                     'gpu:1', '--partition', 'gpu', '--actor_partition', 'cpu',
+                     '--dry_run']) == 0
+  head, tail = capsys.readouterr().out.split('#SBATCH hetjob\n')
+  assert '#SBATCH --partition=gpu' in head and '--partition=cpu' not in head
+  assert '#SBATCH --partition=cpu' in tail and '--partition=gpu' not in tail
+  assert slurm.main(['catch', 'vtrace', '2', '--logdir', '/shared/runs/c',
+                     '--dry_run']) == 0  # neither: Slurm's default partition
+  assert '--partition' not in capsys.readouterr().out
+
+
 def test_a_sweep_is_one_job_per_seed_in_its_own_logdir(capsys):
   assert slurm.main(['catch', 'vtrace', '2', '--logdir', '/shared/sweep', '--seeds', '0-2',
                      '--dry_run']) == 0
