@@ -23,17 +23,16 @@ from seedacme.run.monitor import StopKind, StopReason
 from tests.unit.central_stand_ins import act
 
 
-@pytest.mark.timeout(120)
-def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summarizes_once(
-    tmp_path):
+def _run_to_budget(logdir: str, max_learner_steps: int):
+  """A real central node on Catch run by its own loop until `max_learner_steps`, with
+  no program stopper; returns (builder, spec, the node) once it has stopped."""
   factory = envs.make_factory('catch')
   spec = envs.env_spec_of(factory(0))
   builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(unroll_length=5, batch_size=4,
                                                      hidden_sizes=(16,)))
   server = reverb.Server(builder.make_replay_tables(spec), port=None)
-  logdir = str(tmp_path)
   config = ProgramConfig(num_actors=2, envs_per_actor=4, num_eval_envs=0, logdir=logdir,
-                         max_seconds=None, max_learner_steps=150,
+                         max_seconds=None, max_learner_steps=max_learner_steps,
                          progress_interval_s=0.25, checkpoint_interval_s=600.0,
                          learner_step_delay_s=0.01)  # >= 1.5 s: several records
   stop = threading.Event()
@@ -53,15 +52,28 @@ def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summari
     stop.set()
     central.shutdown()
     server.stop()
+  assert stop.is_set()  # the node stopped itself
+  return builder, spec, central
+
+
+def _restored(logdir: str, builder, spec):
+  client = reverb.Client('localhost:1')  # never called: the learner is only restored
+  return Checkpointer(os.path.join(logdir, 'checkpoints'),
+                      builder.make_learner(builder.make_networks(spec), client, spec)
+                      .checkpoint_state(), 600.0).restore()
+
+
+@pytest.mark.timeout(120)
+def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summarizes_once(
+    tmp_path):
+  logdir = str(tmp_path)
+  builder, spec, central = _run_to_budget(logdir, 150)
 
   summary = read_summary(logdir)
   assert summary['stop'] == {'kind': 'learner_steps', 'value': 150, 'threshold': 150}
   assert summary['learner_steps'] == 150  # the learner stopped at the budget, not after
-  assert stop.is_set()  # the node stopped itself
   # The final checkpoint (the periodic one was 10 minutes away) and the export.
-  restored = Checkpointer(os.path.join(logdir, 'checkpoints'),
-                          builder.make_learner(builder.make_networks(spec), client, spec)
-                          .checkpoint_state(), 600.0).restore()
+  restored = _restored(logdir, builder, spec)
   assert restored is not None and restored['learner_steps'] == 150
   assert restored['env_steps'] >= summary['env_steps']  # actors ran until the end
   assert os.path.isfile(os.path.join(logdir, 'saved_model', 'saved_model.pb'))
@@ -83,3 +95,22 @@ def test_a_budget_stop_without_a_program_stopper_checkpoints_exports_and_summari
   again = central.finish(StopReason(StopKind.STOP_REQUESTED))
   assert again['stop']['kind'] == 'learner_steps'
   assert os.stat(path).st_mtime_ns == mtime
+
+
+@pytest.mark.timeout(180)
+def test_a_resumed_run_stops_at_its_budget_across_starts_and_exports_again(tmp_path):
+  """The same logdir started again with a larger learner-step budget (as `run_local`
+  does: the last summary removed): it resumes at the checkpoint's step, stops at the
+  budget counted over both starts, and writes its last checkpoint and the export."""
+  logdir = str(tmp_path)
+  _run_to_budget(logdir, 150)
+  export = os.path.join(logdir, 'saved_model', 'saved_model.pb')
+  first_export = os.stat(export).st_mtime_ns
+  os.remove(os.path.join(logdir, 'summary.json'))
+  builder, spec, _ = _run_to_budget(logdir, 250)
+  summary = read_summary(logdir)
+  assert summary['resumed_from_learner_step'] == 150
+  assert summary['stop'] == {'kind': 'learner_steps', 'value': 250, 'threshold': 250}
+  assert summary['learner_steps'] == 250  # 100 more, not 250 more
+  assert _restored(logdir, builder, spec)['learner_steps'] == 250
+  assert os.stat(export).st_mtime_ns > first_export  # the resumed policy, exported
