@@ -281,15 +281,17 @@ def batch_script(args: argparse.Namespace, forward: List[str], logdir: str, seed
   # Each component takes these afresh after `hetjob`.
   both = [f'--{k}={v}' for k, v in (('account', args.account), ('time', args.time)) if v]
   both += args.sbatch_arg
-  partitions = [f'--partition={p}' if p else None
-                for p in (args.partition, args.actor_partition or args.partition)]
   learner = ['--nodes=1', '--ntasks=1', f'--cpus-per-task={args.learner_cpus}']
   if args.gres:
     learner.append(f'--gres={args.gres}')
   actor_tasks = args.actor_tasks or args.actor_nodes
   actors = [f'--nodes={args.actor_nodes}', f'--ntasks={actor_tasks}',
             f'--cpus-per-task={args.actor_cpus}']
-  learner, actors = ([p] + c if p else c for p, c in zip(partitions, (learner, actors)))
+  # --partition is both components', unless --actor_partition gives component 1 its own.
+  for component, partition in ((learner, args.partition),
+                               (actors, args.actor_partition or args.partition)):
+    if partition:
+      component.insert(0, f'--partition={partition}')
   run = [python, '-m', 'seedacme.launchers.slurm', 'batch', '--logdir', logdir,
          '--seed', str(seed), '--actor_tasks', str(actor_tasks),
          '--port_range', args.port_range, *(['--gres', args.gres] if args.gres else []),
