@@ -170,13 +170,13 @@ def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
     learner = sac_learning.SACLearner(nets, config, None, builder.item_signature(continuous),
                                       builder.layout(continuous))
     rng = np.random.default_rng(0)
+    batch = {'observation': tf.constant(rng.normal(size=(8, 2, 5)).astype(np.float32)),
+             'reward': tf.ones((8, 2)), 'discount': tf.ones((8, 2)),
+             'step_type': tf.ones((8, 2), tf.int8),
+             'raw_action': tf.constant(rng.normal(size=(8, 2, 2)).astype(np.float32))}
     if train:
-      learner.train_on({
-          'observation': tf.constant(rng.normal(size=(8, 2, 5)).astype(np.float32)),
-          'reward': tf.ones((8, 2)), 'discount': tf.ones((8, 2)),
-          'step_type': tf.ones((8, 2), tf.int8),
-          'raw_action': tf.constant(rng.normal(size=(8, 2, 2)).astype(np.float32))})
-    return learner
+      learner.train_on(batch)
+    return learner, batch
 
   def ppo_learner(train=True):
     config = ppo.PPOConfig(unroll_length=5, batch_size=4, num_minibatches=2,
@@ -188,12 +188,19 @@ def test_other_agents_learners_restore_their_own_trained_checkpoints(tmp_path):
     batch = {k: tf.ones((4,) + tuple(s.shape), s.dtype) for k, s in signature.items()}
     if train:
       learner.train_on(batch)
-    return learner
+    return learner, batch
 
   for i, make in enumerate((sac_learner, ppo_learner)):
     directory = str(tmp_path / str(i))
-    Checkpointer(directory, make().checkpoint_state()).save({'learner_steps': 1})
-    assert Checkpointer(directory, make(train=False).checkpoint_state()).restore()
+    Checkpointer(directory, make()[0].checkpoint_state()).save({'learner_steps': 1})
+    learner, batch = make(train=False)
+    ckpt = Checkpointer(directory, learner.checkpoint_state())
+    assert ckpt.restore()
+    # The optimizers' state waits for the first update, and then every saved value has
+    # its variable: saving resumes (a name that never matched would stop it for good).
+    assert ckpt.restore_pending()
+    learner.train_on(batch)
+    assert not ckpt.restore_pending()
 
 
 def test_no_save_before_the_first_update_after_a_restore_keeps_its_optimizer_state(tmp_path):
