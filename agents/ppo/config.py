@@ -54,6 +54,15 @@ class PPOConfig:
     learning_rate, adam_epsilon, max_gradient_norm: Adam and global-norm clipping.
     learning_rate_decay_steps: anneal the learning rate linearly to 0 over this many
       learner steps (0: constant).
+    kl_target: adapt the learning rate to a KL target, as rl_games's 'adaptive' schedule
+      (None: off, the default). After each learner step, with the step's mean KL from
+      the proximal policy to the network as each minibatch found it
+      (`proximal_approx_kl`): above `2 * kl_target` the rate is divided by
+      `kl_rate_factor`, below `kl_target / 2` multiplied by it, kept within
+      `kl_rate_bounds`. It starts at `learning_rate` and is checkpointed. Exclusive
+      with a decay (`learning_rate_decay_steps`, `anneal_to_budget`): give
+      `learning_rate_decay_steps=0` with it where the env's defaults anneal (MuJoCo).
+    kl_rate_factor, kl_rate_bounds: the adaptation's step and the rate's bounds.
     anneal_to_budget: when the run has an env-step budget (`--max_env_steps`) and
       `learning_rate_decay_steps` is 0, the rate reaches 0 at the budget: the decay
       steps become the learner steps the budget holds (`with_budget`), as CleanRL
@@ -110,6 +119,9 @@ class PPOConfig:
   max_gradient_norm: float | None = 0.5
   learning_rate_decay_steps: int = 0
   anneal_to_budget: bool = False
+  kl_target: float | None = None
+  kl_rate_factor: float = 1.5
+  kl_rate_bounds: Tuple[float, float] = (1e-6, 1e-2)
   discount: float = 0.99
   gae_lambda: float = 0.95
   advantage_estimator: str = 'gae'
@@ -167,7 +179,21 @@ class PPOConfig:
                f'{self.minibatch_items} {"unrolls" if self.core == "lstm" else "transitions"}'
                f' per batch must divide by num_minibatches={self.num_minibatches} (each '
                'is used exactly `epochs` times)'),
-              (self.queue_size >= 1, f'queue_size={self.queue_size} must be >= 1'))
+              (self.queue_size >= 1, f'queue_size={self.queue_size} must be >= 1'),
+              (self.kl_target is None or self.kl_target > 0,
+               f'kl_target={self.kl_target} must be > 0 (None: a scheduled rate)'),
+              (self.kl_target is None or not (self.learning_rate_decay_steps
+                                              or self.anneal_to_budget),
+               f'kl_target={self.kl_target} adapts the learning rate, and '
+               + ' and '.join(f'{k}={v}' for k, v in (
+                   ('learning_rate_decay_steps', self.learning_rate_decay_steps),
+                   ('anneal_to_budget', self.anneal_to_budget)) if v)
+               + ' schedules it: the two are exclusive (add learning_rate_decay_steps=0 '
+               'and anneal_to_budget=False)'),
+              (self.kl_rate_factor > 1 and 0 < self.kl_rate_bounds[0]
+               <= self.kl_rate_bounds[1],
+               f'kl_rate_factor={self.kl_rate_factor} must be > 1 and kl_rate_bounds='
+               f'{self.kl_rate_bounds} a (low, high) pair with 0 < low <= high'))
     for ok, message in checks:
       if not ok:
         raise ValueError(f'PPOConfig: {message}')

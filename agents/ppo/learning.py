@@ -15,7 +15,9 @@ Per learner step (SEED RL's policy-gradient agent, on our queue and loop):
    truncated importance weight) or plain PPO-clip (centred on the behaviour policy);
 4. add the batch's observations to the running normalizer and set the network's
    `version` to the new learner step; the policy stamps it on every served step, so
-   the policy lag (`policy_lag`, `policy_lag_max`) is measured.
+   the policy lag (`policy_lag`, `policy_lag_max`) is measured;
+5. with a KL target (`PPOConfig.kl_target`, off by default), move the next step's
+   learning rate by this step's KL from the proximal policy (`adapted_learning_rate`).
 
 Why the statistics change in step 4, not step 1: the normalizer is part of the policy.
 Updated as the batch arrives, the learner's log-probs of fresh data differ from the
@@ -33,7 +35,7 @@ raises `DivergedError`, which stops the run with the last good checkpoint kept.
 Several learner devices still take one call per minibatch (`_replicated_fn`).
 """
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import sonnet as snt
@@ -62,6 +64,20 @@ def minibatch_plan(num_items: int, epochs: int, num_minibatches: int,
     raise ValueError(f'{num_items} items do not split into {num_minibatches} minibatches')
   return [part.astype(np.int32) for _ in range(epochs)
           for part in np.split(rng.permutation(num_items), num_minibatches)]
+
+
+def adapted_learning_rate(rate: float, kl: float, target: float, factor: float,
+                          bounds: Tuple[float, float]) -> float:
+  """The next learning rate for a KL target (rl_games's 'adaptive' rule): divided by
+  `factor` when the step's KL passed twice the target, multiplied when it stayed under
+  half of it, unchanged in between (or when the KL is not finite); within `bounds`."""
+  if not np.isfinite(kl):
+    return rate
+  if kl > 2.0 * target:
+    rate /= factor
+  elif kl < 0.5 * target:
+    rate *= factor
+  return float(min(max(rate, bounds[0]), bounds[1]))
 
 
 def _flat2(x: tf.Tensor) -> tf.Tensor:
@@ -120,6 +136,8 @@ class PPOLearner(BatchLearner):
              'num_steps': self.num_steps}
     if self._reward_stats is not None:
       state['reward_stats'] = self._reward_stats
+    if self._config.kl_target is not None:  # the adapted rate is state, a schedule is not
+      state['learning_rate'] = self._learning_rate
     return state
 
   # ---- in-graph parts --------------------------------------------------------------
@@ -385,4 +403,8 @@ class PPOLearner(BatchLearner):
     lag = int(self.num_steps.numpy()) - 1 - versions
     out.update(policy_lag=float(lag.mean()), policy_lag_max=float(lag.max()),
                learning_rate=float(self._learning_rate.numpy()))
+    if c.kl_target is not None:  # the next step's rate, from this step's KL
+      self._learning_rate.assign(adapted_learning_rate(
+          out['learning_rate'], out['proximal_approx_kl'], c.kl_target,
+          c.kl_rate_factor, c.kl_rate_bounds))
     return out

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 
 from seedacme.agents.ppo import PPOBuilder, PPOConfig
-from seedacme.agents.ppo.learning import PPOLearner, minibatch_plan
+from seedacme.agents.ppo.learning import PPOLearner, adapted_learning_rate, minibatch_plan
 from seedacme.learner.base import DivergedError
 from seedacme.learner.checkpointing import Checkpointer
 from seedacme.types import FIRST, LAST, MID, EnvSpec
@@ -163,6 +163,45 @@ def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps():
   assert learner.train_on(_batch(builder, DISCRETE, seed=9))['learning_rate'] == 0.0
   for before, after in zip(weights, network.trainable_variables):
     np.testing.assert_array_equal(before, after.numpy())
+
+
+def test_the_kl_rule_divides_above_twice_the_target_multiplies_below_half_within_bounds():
+  rule = lambda rate, kl: adapted_learning_rate(rate, kl, 0.01, 1.5, (1e-4, 1e-2))  # noqa: E731
+  assert rule(1e-3, 0.021) == pytest.approx(1e-3 / 1.5)
+  assert rule(1e-3, 0.0049) == pytest.approx(1.5e-3)
+  for kl in (0.005, 0.01, 0.02, float('nan'), float('inf')):  # the band, or no measure
+    assert rule(1e-3, kl) == 1e-3
+  assert rule(1.2e-4, 0.5) == 1e-4 and rule(9e-3, 0.0) == 1e-2  # the bounds
+
+
+def test_a_kl_target_adapts_the_rate_adam_applies_and_a_checkpoint_keeps_it(tmp_path):
+  """With a KL target the rate a step reports is the one Adam applied (the first step's
+  is `learning_rate`); the next is this step's rate moved by the step's own KL --
+  down from a target far under it, up from one far over it -- and a fresh learner
+  restores the adapted rate from a checkpoint. A scheduled rate is refused beside it."""
+  def run(target, steps=3):
+    config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2,
+                       hidden_sizes=(8,), learning_rate=1e-3, kl_target=target)
+    builder, _, learner = _learner(config)
+    out = [learner.train_on(_batch(builder, DISCRETE, seed=i)) for i in range(steps)]
+    return config, learner, out
+  _, _, low = run(1e-9)  # every step's KL is above twice this
+  assert all(m['proximal_approx_kl'] > 2e-9 for m in low)
+  np.testing.assert_allclose([m['learning_rate'] for m in low],
+                             [1e-3, 1e-3 / 1.5, 1e-3 / 1.5 ** 2], rtol=1e-5)
+  config, learner, high = run(10.0)
+  assert all(m['proximal_approx_kl'] < 5.0 for m in high)
+  np.testing.assert_allclose([m['learning_rate'] for m in high],
+                             [1e-3, 1.5e-3, 2.25e-3], rtol=1e-5)
+  Checkpointer(str(tmp_path), learner.checkpoint_state(), 1).save(
+      {'learner_steps': 3, 'env_steps': 0, 'episodes': 0})
+  _, _, fresh = _learner(config)
+  Checkpointer(str(tmp_path), fresh.checkpoint_state(), 1).restore()
+  assert fresh._learning_rate.numpy() == pytest.approx(3.375e-3)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match='learning_rate_decay_steps=490 schedules it.*exclusive'):
+    PPOConfig(kl_target=0.01, learning_rate_decay_steps=490)
+  with pytest.raises(ValueError, match='kl_target=0.0 must be > 0'):
+    PPOConfig(kl_target=0.0)
 
 
 def test_continuous_actions_are_served_inside_the_bounds_and_greedy_is_the_mode():
