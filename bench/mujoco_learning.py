@@ -33,7 +33,9 @@ run's full-window training averages as recorded, seed_curves: each run's trainin
 evaluator averages at fixed env-step points, summary: per task and agent the seeds'
 median returns at 1M and 300k, and the median of their final averages) and <out>.png (a
 panel per task), then (not with --smoke) copies both to bench/published/: a published
-result is that one JSON and its picture.
+result is that one JSON and its picture. It does not copy them when that would lose runs
+the published JSON holds (`publish_refusal`: interrupted, a run with no result, or a run
+the published file holds that --runs does not list); it says why and exits 1.
 """
 
 import argparse
@@ -171,6 +173,30 @@ def published_run(out: str, name: str, settings: Dict[str, Any],
           'load_1m': study.get('load_1m', {}).get(name)}
 
 
+def publish_refusal(out: str, rows: List[Dict[str, Any]], requested: List[str],
+                    interrupted: bool) -> str | None:
+  """Why this invocation must not replace bench/published/<out>.json, or None.
+
+  A published study is read back by later invocations, so replacing it with less than
+  it holds loses runs: an interrupted study has a partial run and misses the runs after
+  it, and a command listing fewer runs than the published file would drop the others.
+  """
+  if interrupted:
+    return 'interrupted before every run finished'
+  missing = [name for name in requested if name not in {r['name'] for r in rows}]
+  if missing:
+    return 'runs with no result: ' + ', '.join(missing)
+  path = os.path.join(PUBLISHED, f'{out}.json')
+  if os.path.isfile(path):
+    with open(path) as f:
+      held = [r['name'] for r in json.load(f).get('runs', [])]
+    dropped = [name for name in held if name not in requested]
+    if dropped:
+      return (f'{rel(path)} also holds {", ".join(dropped)}: list them in --runs too '
+              '(finished runs are read back, not rerun)')
+  return None
+
+
 def seed_curves(rows: List[Dict[str, Any]], every: int,
                 sampled: Dict[str, Dict[str, list]]) -> Dict[str, Any]:
   """The published per-seed curves: each run's averages every `every` env steps."""
@@ -236,6 +262,7 @@ def main() -> int:
               'cap_s', 'agent_config')}, 'passthrough': passthrough}
   every = curve_step(args.env_steps)
   rows, curves, records, load_1m, sampled = [], {}, {}, {}, {}
+  interrupted = False
   for spec in args.runs:
     task, agent, seed = spec.split(':')
     logdir = os.path.join(base, name := f'{task}_{agent}_s{seed}')
@@ -292,6 +319,7 @@ def main() -> int:
           flush=True)
     if not done and meta['launches'][-1]['interrupted']:
       print('mujoco_learning: interrupted: the runs after this one are not started')
+      interrupted = True
       break
   payload = {
       'machine': harness.machine(), **harness.commit(),
@@ -301,7 +329,9 @@ def main() -> int:
   paths = [harness.write_json(f'{args.out}.json', payload),
            os.path.join(harness.RESULTS, f'{args.out}.png')]
   plot(paths[1], rows, curves, records)
-  if not args.smoke:  # the convention: bench/results, then copied to bench/published
+  requested = ['{}_{}_s{}'.format(*spec.split(':')) for spec in args.runs]
+  refusal = None if args.smoke else publish_refusal(args.out, rows, requested, interrupted)
+  if not args.smoke and refusal is None:  # bench/results, then copied to bench/published
     paths = [shutil.copy(p, PUBLISHED) for p in paths]
   print()
   harness.print_table(rows, ['task', 'agent', 'seed', 'env_steps', 'wall_s', 'stop_kind',
@@ -311,7 +341,10 @@ def main() -> int:
   print()
   harness.print_table(payload['summary'], [*payload['summary'][0]])
   print('mujoco_learning: wrote ' + ', '.join(rel(p) for p in paths))
-  return 1 if any(r['stop_kind'] is None for r in rows) else 0
+  if refusal:
+    print(f'mujoco_learning: not published ({refusal}); bench/published/{args.out}.json '
+          'is unchanged')
+  return 1 if refusal or any(r['stop_kind'] is None for r in rows) else 0
 
 
 if __name__ == '__main__':

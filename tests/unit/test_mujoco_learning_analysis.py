@@ -117,3 +117,21 @@ def test_published_json_is_compact_and_reads_back_the_same():
   text = mujoco_learning.harness.dumps(value)
   assert json.loads(text) == value
   assert len(text.splitlines()) < 60  # json.dump(indent=1) takes over 1,700
+
+
+def test_a_study_that_would_lose_runs_is_not_published(tmp_path, monkeypatch):
+  """Interrupted, a run missing, or fewer runs than the published file: refused, named."""
+  monkeypatch.setattr(mujoco_learning, 'PUBLISHED', str(tmp_path))
+  rows = [{'name': 'Hopper-v5_ppo_s0'}, {'name': 'Hopper-v5_ppo_s1'}]
+  both = ['Hopper-v5_ppo_s0', 'Hopper-v5_ppo_s1']
+  assert mujoco_learning.publish_refusal('study', rows, both, False) is None
+  assert 'interrupted' in mujoco_learning.publish_refusal('study', rows, both, True)
+  refusal = mujoco_learning.publish_refusal('study', rows[:1], both, False)
+  assert refusal == 'runs with no result: Hopper-v5_ppo_s1'
+  (tmp_path / 'study.json').write_text(json.dumps(
+      {'runs': [{'name': n} for n in [*both, 'Ant-v5_ppo_s0']]}))
+  refusal = mujoco_learning.publish_refusal('study', rows, both, False)
+  assert 'Ant-v5_ppo_s0' in refusal and 'Hopper' not in refusal
+  rows.append({'name': 'Ant-v5_ppo_s0'})
+  assert mujoco_learning.publish_refusal(
+      'study', rows, [*both, 'Ant-v5_ppo_s0'], False) is None
