@@ -82,10 +82,6 @@ class PPOConfig:
     clip_epsilon: the surrogate's clip; value_clip: PPO2's value clip (None: off),
       centred on the values of the same policy as the surrogate's clip.
     baseline_cost, entropy_cost: weights of the value loss and the entropy bonus.
-    entropy_decay: the entropy cost falls linearly to 0 with the learning rate's decay
-      (`learning_rate_decay_steps`, or `anneal_to_budget` with a budget): the bonus
-      explores early and leaves little noise in the sampled policy at the end. Refused
-      without a decay to follow.
     normalize_observations: running mean/std of observations (checkpointed with the
       network; inference and learner read the same statistics), clipped to
       +-observation_clip.
@@ -137,7 +133,6 @@ class PPOConfig:
   value_clip: float | None = None
   baseline_cost: float = 0.5
   entropy_cost: float = 0.0
-  entropy_decay: bool = False
   normalize_observations: bool = False
   observation_clip: float = 10.0
   normalizer_update: str = 'after_epochs'
@@ -195,10 +190,6 @@ class PPOConfig:
                    ('anneal_to_budget', self.anneal_to_budget)) if v)
                + ' schedules it: the two are exclusive (add learning_rate_decay_steps=0 '
                'and anneal_to_budget=False)'),
-              (not self.entropy_decay or bool(self.learning_rate_decay_steps
-                                              or self.anneal_to_budget),
-               'entropy_decay=True follows the learning rate\'s decay, and there is '
-               'none: set learning_rate_decay_steps or anneal_to_budget'),
               (self.kl_rate_factor > 1 and 0 < self.kl_rate_bounds[0]
                <= self.kl_rate_bounds[1],
                f'kl_rate_factor={self.kl_rate_factor} must be > 1 and kl_rate_bounds='

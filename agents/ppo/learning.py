@@ -99,9 +99,6 @@ class PPOLearner(BatchLearner):
     self._learning_rate = tf.Variable(config.learning_rate, trainable=False,
                                       dtype=tf.float32)
     self._optimizer = snt.optimizers.Adam(self._learning_rate, epsilon=config.adam_epsilon)
-    # A variable, so a decaying cost does not retrace the compiled minibatch loop.
-    self._entropy_cost = tf.Variable(config.entropy_cost, trainable=False,
-                                     dtype=tf.float32)
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._reward_stats = RunningNormalizer((), clip=None) if config.normalize_rewards \
         else None
@@ -238,7 +235,7 @@ class PPOLearner(BatchLearner):
       if c.normalize_advantages:
         advantages = losses.normalize_advantages(advantages, mb['mask'])
       kwargs = dict(clip_epsilon=c.clip_epsilon, value_clip=c.value_clip,
-                    baseline_cost=c.baseline_cost, entropy_cost=self._entropy_cost)
+                    baseline_cost=c.baseline_cost, entropy_cost=c.entropy_cost)
       if c.objective == 'decoupled':  # V-trace's advantages carry the correction
         loss, metrics = losses.decoupled_ppo_loss(
             log_probs, mb['proximal_log_prob'], mb['behaviour_log_prob'], advantages,
@@ -375,8 +372,6 @@ class PPOLearner(BatchLearner):
     if c.learning_rate_decay_steps:
       done = min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
       self._learning_rate.assign(c.learning_rate * (1.0 - done))
-      if c.entropy_decay:
-        self._entropy_cost.assign(c.entropy_cost * (1.0 - done))
     if c.normalizer_update == 'on_arrival' and self._network.normalizer is not None:
       self._update_normalizer_fn(time_major(batch['observation'])[:-1])
     prepared = self.prepare(batch)
@@ -408,8 +403,6 @@ class PPOLearner(BatchLearner):
     lag = int(self.num_steps.numpy()) - 1 - versions
     out.update(policy_lag=float(lag.mean()), policy_lag_max=float(lag.max()),
                learning_rate=float(self._learning_rate.numpy()))
-    if c.entropy_decay:
-      out['entropy_cost'] = float(self._entropy_cost.numpy())
     if c.kl_target is not None:  # the next step's rate, from this step's KL
       self._learning_rate.assign(adapted_learning_rate(
           out['learning_rate'], out['proximal_approx_kl'], c.kl_target,

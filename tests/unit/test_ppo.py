@@ -165,27 +165,6 @@ def test_the_learning_rate_falls_linearly_to_zero_over_the_decay_steps():
     np.testing.assert_array_equal(before, after.numpy())
 
 
-def test_a_decaying_entropy_cost_follows_the_learning_rate_into_the_loss():
-  """With `entropy_decay` the entropy cost falls with the rate (1, 0.75, 0.5, 0.25 of
-  it), and each step's loss is the one built with that step's cost: policy loss +
-  baseline_cost * value loss - cost * entropy (the metrics average minibatches, and
-  the loss is linear in them). Without a decay to follow it is refused."""
-  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8,),
-                     learning_rate=1e-3, learning_rate_decay_steps=4, entropy_cost=0.5,
-                     entropy_decay=True)
-  builder, _, learner = _learner(config)
-  steps = [learner.train_on(_batch(builder, DISCRETE, seed=i)) for i in range(4)]
-  np.testing.assert_allclose([m['entropy_cost'] for m in steps],
-                             [0.5, 0.375, 0.25, 0.125], rtol=1e-6)
-  for m in steps:
-    assert m['entropy'] > 0.5  # 3 actions: the bonus weighs in the loss
-    assert m['loss'] == pytest.approx(
-        m['policy_loss'] + config.baseline_cost * m['value_loss']
-        - m['entropy_cost'] * m['entropy'], abs=1e-5)
-  with pytest.raises(ValueError, match='entropy_decay=True follows the learning rate'):
-    PPOConfig(entropy_cost=0.01, entropy_decay=True)
-
-
 def test_the_kl_rule_divides_above_twice_the_target_multiplies_below_half_within_bounds():
   rule = lambda rate, kl: adapted_learning_rate(rate, kl, 0.01, 1.5, (1e-4, 1e-2))  # noqa: E731
   assert rule(1e-3, 0.021) == pytest.approx(1e-3 / 1.5)
