@@ -166,7 +166,8 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                      queue_size=16, learning_rate=1e-3, entropy_cost=0.01,
                      reward_scale=0.1),
     # MuJoCo, the published runs' settings (bench/published/mujoco_learning*.json,
-    # mujoco_ppo_hopper_ab_defaults.json; HalfCheetah's own in `_PPO_TASK_DEFAULTS`).
+    # mujoco_ppo_hopper_ab_defaults.json, mujoco_ppo_walker2d.json,
+    # mujoco_ant_no_contact_forces.json; HalfCheetah's own in `_PPO_TASK_DEFAULTS`).
     # CleanRL's: 2048 transitions per update, 32 minibatches of 64, 10 epochs, lr 3e-4
     # annealed linearly to 0, entropy 0, actions clipped into the bounds, observations
     # and rewards normalized (clip 10). Ours: the 2048 are 16 unrolls x 128 from 16
@@ -208,13 +209,23 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
                   reward_clip=1.0),
 }
 
-# PPO per MuJoCo level, where its published run needed more than the env's defaults.
+# PPO per MuJoCo level, where a measured reason says the shared defaults cannot serve it.
 # HalfCheetah-v5: initial action std 0.5 and 4 epochs, median 5,089 of 3 seeds at 1M
-# (4,801-5,709; CleanRL 1,443), clip fraction 0.13-0.16
-# (bench/published/mujoco_learning_ppo_v4.json); with Hopper's std 1 and 10 epochs:
-# median ~1,725 and clip fraction 0.21-0.22 (mujoco_learning_ppo_v2.json). Std 0.5
-# alone took HalfCheetah to 5,394 but the clip fraction to 0.30 (docs/benchmarks.md,
-# issue 36).
+# (4,801-5,709; CleanRL 1,443; bench/published/mujoco_learning_ppo_v4.json). The reason
+# is the task's, not a tuning: its episode never ends when the body turns over, and with
+# the shared std 1 the early noise flips it, so the policy learns to run on its back and
+# stops at ~1,700 (std 1: 1,695 / 1,725 / 3,931, mujoco_learning_ppo_v2.json; greedy
+# policies of such runs spend every step past a quarter turn of pitch,
+# mujoco_halfcheetah_posture.json). Hopper, Walker2d and Ant end an episode when the
+# body falls; Hopper needs the exploration of std 1 that flips HalfCheetah (std 0.5
+# held it at 715). No one std or bonus tried serves both (docs/history.md, "One set of
+# MuJoCo defaults"): std 0.7 for every level left Hopper at 2,323 (median of 3, bar
+# 2,500; mujoco_ppo_std07.json), std 0.7 with entropy 0.005 left Hopper at 2,253 and
+# HalfCheetah at 3,654 (mujoco_ppo_std07_ent005.json), and a KL-adapted rate at std 1
+# and an early entropy bonus each turned a HalfCheetah seed over (mujoco_ppo_kl008.json,
+# mujoco_ppo_std07_entdecay01.json). Std 0.5 with 10 epochs reached 5,323 and 5,394
+# (one seed each) at a clip fraction up to 0.30; the entry's 4 epochs keep it at
+# 0.13-0.16.
 _PPO_TASK_DEFAULTS: Dict[str, Dict[str, Dict[str, Any]]] = {
     'mujoco': {'HalfCheetah-v5': dict(init_log_std=-0.69, epochs=4)},
 }
