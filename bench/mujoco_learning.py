@@ -18,7 +18,8 @@ continues a session that was stopped or capped; a study with other overrides nee
 own `--out`. A stopped run resumes in another checkout only from its folder: keep it
 with bench/keep_run.py (outside the checkout) and copy it back to its logdir first.
 
-Per run: env steps, wall and run time, the training average (last 100 episodes) at the
+Per run: its launches (command, date, load, exit, and the machine's CPU and cores: a
+continued study may span machines), env steps, wall and run time, the training average (last 100 episodes) at the
 end with the episodes it covers (fewer than 100 when a resume near the end left too
 little time to refill the window) and its best over full windows, the evaluator's at the
 end, the training average at 100k/300k/500k/1M env steps (first record at or past the
@@ -95,7 +96,10 @@ def launch(cmd: List[str], logdir: str, cap_s: float,
   return {'command': ' '.join([rel(cmd[0]), *cmd[1:]]), 'date': date, 'exit_code': code,
           'wall_s': time.monotonic() - start, 'load_1m_before': load_before,
           'load_1m_after': os.getloadavg()[0], 'interrupted': interrupted,
-          'agent_config': agent_config}
+          'agent_config': agent_config,
+          # Per launch: a study continued in a later session may run on another machine,
+          # and the same settings learned less on a faster one (docs/history.md).
+          'machine': {k: harness.machine()[k] for k in ('cpu', 'cores')}}
 
 
 def analyse(records: List[Dict[str, Any]],
