@@ -19,24 +19,25 @@ own `--out`. A stopped run resumes in another checkout only from its folder: kee
 with bench/keep_run.py (outside the checkout) and copy it back to its logdir first.
 
 Per run: its launches (command, date, load, exit, and the machine's CPU and cores: a
-continued study may span machines), env steps, wall and run time, the training average (last 100 episodes) at the
-end with the episodes it covers (fewer than 100 when a resume near the end left too
-little time to refill the window) and its best over full windows, the evaluator's at the
-end, the training average at 100k/300k/500k/1M env steps (first record at or past the
-mark averaging a full window; null if not reached), env and learner steps/s over the
-whole run (all segments, startup included), mean policy lag, command, stop reason, and
-what it ran with: `agent_config_full` (the agent's config dataclass after the registry's
-defaults and the overrides) and `env_config_full` (the training envs' options, the
-agent's training-env defaults included), from the run's saved run_config.json, else
-resolved from its arguments by the launcher's code (`harness.run_configs`).
-Writes bench/results/<out>.json (machine, commit, load_1m, command, runs, curves: each
-run's full-window training averages as recorded, seed_curves: each run's training and
-evaluator averages at fixed env-step points, summary: per task and agent the seeds'
-median returns at 1M and 300k, and the median of their final averages) and <out>.png (a
-panel per task), then (not with --smoke) copies both to bench/published/: a published
-result is that one JSON and its picture. It does not copy them when that would lose runs
-the published JSON holds (`publish_refusal`: interrupted, a run with no result, or a run
-the published file holds that --runs does not list); it says why and exits 1.
+continued study may span machines), env steps, wall and run time, the training average
+(last 100 episodes) at the end with the episodes it covers (fewer than 100 when a resume
+near the end left too little time to refill the window) and its best over full windows,
+the evaluator's at the end, the training average at 100k/300k/500k/1M env steps (first
+record at or past the mark averaging a full window; null if not reached), env and
+learner steps/s over the whole run (all segments, startup included), mean policy lag,
+command, stop reason, and what it ran with: `agent_config_full` (the agent's config
+dataclass after the registry's defaults and the overrides) and `env_config_full` (the
+training envs' options, the agent's training-env defaults included), from the run's
+saved run_config.json, else resolved from its arguments by the launcher's code
+(`harness.run_configs`). Writes bench/results/<out>.json (machine, commit, load_1m,
+command, runs, curves: each run's full-window training averages as recorded,
+seed_curves: each run's training and evaluator averages at fixed env-step points,
+summary: per task and agent the seeds' median returns at 1M and 300k, and the median of
+their final averages) and <out>.png (a panel per task), then (not with --smoke) copies
+both to bench/published/: a published result is that one JSON and its picture. It does
+not copy them when that would lose runs the published JSON holds (`publish_refusal`:
+interrupted, a run with no result, or a run the published file holds that --runs does
+not list); it says why and exits 1.
 """
 
 import argparse
@@ -69,6 +70,12 @@ SAME_STUDY = ('env_steps', 'actors', 'envs_per_actor', 'agent_config', 'passthro
 
 def rel(path: str) -> str:
   return os.path.relpath(path, harness.REPO)
+
+
+def run_name(spec: str) -> str:
+  """`task:agent:seed` -> the run's name (its logdir and its key in the JSON)."""
+  task, agent, seed = spec.split(':')
+  return f'{task}_{agent}_s{seed}'
 
 
 def launch(cmd: List[str], logdir: str, cap_s: float,
@@ -187,7 +194,8 @@ def publish_refusal(out: str, rows: List[Dict[str, Any]], requested: List[str],
   """
   if interrupted:
     return 'interrupted before every run finished'
-  missing = [name for name in requested if name not in {r['name'] for r in rows}]
+  have = {r['name'] for r in rows}
+  missing = [name for name in requested if name not in have]
   if missing:
     return 'runs with no result: ' + ', '.join(missing)
   path = os.path.join(PUBLISHED, f'{out}.json')
@@ -269,7 +277,7 @@ def main() -> int:
   interrupted = False
   for spec in args.runs:
     task, agent, seed = spec.split(':')
-    logdir = os.path.join(base, name := f'{task}_{agent}_s{seed}')
+    logdir = os.path.join(base, name := run_name(spec))
     fresh = not os.path.isfile(os.path.join(logdir, 'progress.jsonl'))
     kept = (fresh and not args.smoke and
             published_run(args.out, name, settings, args.env_steps))
@@ -333,8 +341,8 @@ def main() -> int:
   paths = [harness.write_json(f'{args.out}.json', payload),
            os.path.join(harness.RESULTS, f'{args.out}.png')]
   plot(paths[1], rows, curves, records)
-  requested = ['{}_{}_s{}'.format(*spec.split(':')) for spec in args.runs]
-  refusal = None if args.smoke else publish_refusal(args.out, rows, requested, interrupted)
+  refusal = None if args.smoke else publish_refusal(
+      args.out, rows, [run_name(spec) for spec in args.runs], interrupted)
   if not args.smoke and refusal is None:  # bench/results, then copied to bench/published
     paths = [shutil.copy(p, PUBLISHED) for p in paths]
   print()

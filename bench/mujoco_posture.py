@@ -15,9 +15,9 @@ the first 200, with the root's pitch (qpos[2] of the planar models: `rooty`) pas
 quarter turn either way (|angle| > pi/2): 1.0 is a cheetah running on its back.
 
 Only the planar tasks (HalfCheetah, Hopper, Walker2d), whose qpos[2] is the pitch;
-another task is refused by name. Reads the task from the run's saved config (`checkpoints/run_config.json`).
-Writes bench/results/<out>.json (machine, commit, command, a row per run), then copies it
-to bench/published/ (with --publish).
+another task is refused by name. Reads the task from the run's saved config
+(`checkpoints/run_config.json`). Writes bench/results/<out>.json (machine, commit,
+command, a row per run), then copies it to bench/published/ (with --publish).
 """
 
 import argparse
@@ -31,6 +31,8 @@ from typing import Any, Dict
 import numpy as np
 
 import harness
+
+from seedacme.run import logdir as logdir_lib
 
 PLANAR = ('HalfCheetah', 'Hopper', 'Walker2d')
 SETTLE_STEPS = 200  # the first steps leave the reset pose: not counted
@@ -77,7 +79,8 @@ def play(logdir: str, level: str, seed: int) -> Dict[str, Any]:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('runs', nargs='+', help='run dirs (with saved_model/, run_config.json)')
+  parser.add_argument('runs', nargs='+',
+                      help='run dirs (with saved_model/ and checkpoints/run_config.json)')
   parser.add_argument('--seed', type=int, default=123, help='the env reset seed')
   parser.add_argument('--out', default='mujoco_posture')
   parser.add_argument('--publish', action='store_true', help='copy to bench/published')
@@ -85,10 +88,7 @@ def main() -> int:
   rows = []
   for logdir in args.runs:
     level = task_of(logdir)
-    summary = {}
-    if os.path.isfile(os.path.join(logdir, 'summary.json')):
-      with open(os.path.join(logdir, 'summary.json')) as f:
-        summary = json.load(f)
+    summary = logdir_lib.read_summary(logdir) or {}
     rows.append({'run': os.path.relpath(os.path.abspath(logdir), harness.REPO),
                  'task': level, 'training_average_at_end': summary.get('average_return'),
                  'env_steps': summary.get('env_steps'), **play(logdir, level, args.seed)})

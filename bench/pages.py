@@ -89,6 +89,8 @@ class Row:
 
 _ISSUE36 = 'issue 36 (CleanRL\'s `ppo_continuous_action` table, v4, 1M steps)'
 _ZOO = 'rl-baselines3-zoo\'s `benchmark.md` (tuned `ppo`, 1M steps)'
+_HOPPER_ANCHORS = (Anchor('CleanRL', '2,383 ± 272', _ISSUE36),
+                   Anchor('rl-baselines3-zoo', '2,410', _ZOO))
 
 # Which published result feeds which row: the current one for each agent and task.
 ROWS: Tuple[Row, ...] = (
@@ -129,13 +131,9 @@ ROWS: Tuple[Row, ...] = (
         note='its own registry entry, initial std 0.5 and 4 epochs: with the shared std 1 '
              'the early noise turns it over and it learns to run on its back (~1,700)'),
     Row('ppo', 'Hopper-v5', 'final_return', ('mujoco_ppo_hopper_ab_defaults.json',),
-        select=(('task', 'Hopper-v5'),),
-        anchors=(Anchor('CleanRL', '2,383 ± 272', _ISSUE36),
-                 Anchor('rl-baselines3-zoo', '2,410', _ZOO))),
+        select=(('task', 'Hopper-v5'),), anchors=_HOPPER_ANCHORS),
     Row('ppo', 'Hopper-v5', 'final_return', ('mujoco_ppo_hopper_defaults_xeon.json',),
-        select=(('task', 'Hopper-v5'),),
-        anchors=(Anchor('CleanRL', '2,383 ± 272', _ISSUE36),
-                 Anchor('rl-baselines3-zoo', '2,410', _ZOO)),
+        select=(('task', 'Hopper-v5'),), anchors=_HOPPER_ANCHORS,
         note='the same defaults on a faster machine (Intel Xeon, about 3x the env '
              'steps/s); the row above ran on an AMD EPYC (docs/history.md)'),
     Row('ppo', 'Walker2d-v5', 'final_return', ('mujoco_ppo_walker2d.json',),
