@@ -440,12 +440,14 @@ class ShmServer:
       self._selector.unregister(slot.conn)
     except (KeyError, ValueError):
       pass
+    # Its descriptors and mapping go before its envs are free: a successor claiming them,
+    # or anyone counting attached actors, never sees a free slot still holding them.
+    slot.conn.close()
+    slot.segment.close()
     with self._lock:
       if self._attached.get(slot.key) is slot:
         del self._attached[slot.key]
       self._lock.notify_all()
-    slot.conn.close()
-    slot.segment.close()
     (logging.warning if warn else logging.info)(
         'shm: actor with envs %d..%d detached (%s); its slot is free', slot.envs[0],
         slot.envs[-1], why)

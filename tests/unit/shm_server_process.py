@@ -48,8 +48,11 @@ class _Policy(StatelessPolicy):
 def _stats(shm_server, policy):
   with open('/proc/self/status') as f:
     rss = next(int(line.split()[1]) for line in f if line.startswith('VmRSS:'))
+  # Attached actors are counted before the descriptors: a slot is freed after its
+  # descriptors close, so a count of 0 read first means none of theirs is still listed.
+  attached = shm_server.attached_actors
   return {'rss_kb': rss, 'fds': len(os.listdir('/proc/self/fd')),
-          'threads': threading.active_count(), 'attached': shm_server.attached_actors,
+          'threads': threading.active_count(), 'attached': attached,
           'served': policy.served}
 
 
