@@ -107,6 +107,10 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('--logical_cpus', type=int, default=0,
                       help='split the central node\'s CPU into N logical devices (to '
                            'try placements on a CPU-only machine)')
+  parser.add_argument('--policy_copy', action='store_true',
+                      help='inference serves a copy of the policy taken after each '
+                           'learner step (default: it reads the learner\'s variables, '
+                           'also while a learner step changes them)')
   parser.add_argument('--transport', choices=('auto', 'courier', 'shm'), default='auto',
                       help="central inference requests from actors on the central node's "
                       "host: auto (shared memory; Courier between hosts), courier (always "
@@ -266,6 +270,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
       transport=args.transport, inference_devices=args.inference_devices,
       learner_devices=args.learner_devices, logical_cpus=args.logical_cpus,
+      policy_copy=args.policy_copy,
       variable_update_period=args.variable_update_period, train=not args.acting_only,
       acting_nice=args.acting_nice, accelerator=accelerator, env_name=args.env,
       env_step_timeout_s=args.env_step_timeout_s or None,

@@ -66,6 +66,10 @@ class ProgramConfig:
       first, the learner data-parallel on the rest). `seedacme.runtime.placement`.
     logical_cpus: split the central node's CPU into this many logical devices before
       TF starts (0: no split): placements tested and tried on a CPU-only machine.
+    policy_copy: inference serves its own copy of the policy's variables, copied after
+      each learner step, also when it shares the learner's device (as it always does on
+      another device: `seedacme.nodes.placed`). False: it reads the learner's variables,
+      so actions are served mid-update while a learner step runs.
     env_name, env_args: the env as the launcher named it (registry name, the training
       envs' factory arguments, the agent's training-env defaults included); saved with
       the run's config and compared on resume
@@ -118,6 +122,7 @@ class ProgramConfig:
   inference_devices: str | None = None
   learner_devices: str | None = None
   logical_cpus: int = 0
+  policy_copy: bool = False
   acting_nice: int = 0
   env_step_timeout_s: float | None = 60.0
   max_abs_reward: float | None = None

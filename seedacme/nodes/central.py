@@ -147,6 +147,8 @@ class CentralNode:
         self.monitor.progress.log_event(
             f'resumed from checkpoint at learner step {self.learner_steps}, env step '
             f'{self.acting.env_steps()}')
+    if self._policy_sync is not None:  # inference's copy: the restored (or first) weights
+      self._policy_sync()
     self.monitor.restart_clock(self.learner_steps, resumed=self.resumed_from is not None)
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`

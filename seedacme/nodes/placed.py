@@ -6,6 +6,7 @@ nothing is copied. With inference on its own device (`seedacme.runtime.placement
 gets its own copy of the policy's variables there, copied after every learner step
 (`PolicySync`: at most one step stale), and the learner's variables live on the
 learner's devices (data-parallel over several: `seedacme.learner.replicas`).
+`ProgramConfig.policy_copy` asks for the copy on a shared device too.
 """
 
 import dataclasses
@@ -41,7 +42,7 @@ def place_networks(builder: SeedBuilder, spec: EnvSpec,
                          f'--learner_devices gave {", ".join(devices.devices)}')
   with devices.activate():
     learner = builder.make_networks(spec)
-  if placement.shared:
+  if placement.shared and not config.policy_copy:
     return PlacedNetworks(placement, devices, learner, learner, None)
   with tf.device(placement.inference):
     inference = builder.make_networks(spec)

@@ -164,6 +164,33 @@ def sync_case():
   return {'stale': stale, 'fresh': fresh, 'served': served, 'copies': sync.copies}
 
 
+def policy_copy_case():
+  """One device for both: inference shares the learner's variables, or with
+  `policy_copy` holds its own, equal after each copy and untouched by a learner step."""
+  from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
+  from seedacme.nodes.placed import place_networks  # pylint: disable=g-import-not-at-top
+  builder = VTraceBuilder(VTraceConfig(unroll_length=5, batch_size=4, hidden_sizes=(16,),
+                                       max_gradient_norm=None))
+  shared = place_networks(builder, SPEC, ProgramConfig())
+  placed = place_networks(builder, SPEC, ProgramConfig(policy_copy=True))
+  from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
+  learner = VTraceLearner(placed.learner, builder.config, None, builder.item_signature(SPEC))
+
+  def diff():
+    return max(float(np.abs(x - y).max()) for x, y in
+               zip(_values(placed.inference.variables), _values(placed.learner.variables)))
+  placed.sync()
+  after_copy = diff()
+  learner.train_on(_batch(builder.item_signature(SPEC), 4))
+  during_step = diff()
+  placed.sync()
+  return {'shared_same_objects': shared.inference is shared.learner,
+          'shared_sync': shared.sync is not None,
+          'copy_same_objects': placed.inference is placed.learner,
+          'copy_placement_shared': placed.placement.shared,
+          'after_copy': after_copy, 'after_step': during_step, 'after_next_copy': diff()}
+
+
 def _run(name):
   try:
     return globals()[name + '_case']()

@@ -5,7 +5,8 @@ devices (the device cases run in a fresh process, one for the module: `placement
 learner's variables and the batch step land on the devices named; a learner step
 mirrored over 2 devices gives the single-device step's variables (V-trace, R2D2, PPO);
 inference on its own device keeps serving while the learner steps and its copy of the
-parameters is at most one learner step old.
+parameters is at most one learner step old; `policy_copy` gives inference that copy on
+the learner's own device too.
 """
 
 import json
@@ -54,7 +55,7 @@ def test_impossible_placements_name_the_devices(inference, learner, message):
     _resolve(inference, learner, GPUS)
 
 
-_CASES = ('devices', 'mirrored_equals_single', 'sync')
+_CASES = ('devices', 'mirrored_equals_single', 'sync', 'policy_copy')
 
 
 @pytest.fixture(scope='module')
@@ -99,3 +100,13 @@ def test_inference_on_its_own_device_serves_with_parameters_at_most_one_step_old
   assert found['served'] == 3 and found['copies'] == 4
   assert all(s > 0 for s in found['stale'])  # one learner step behind before the copy
   assert found['fresh'] == [0.0, 0.0, 0.0]  # equal after it
+
+
+@pytest.mark.timeout(300)
+def test_policy_copy_gives_inference_its_own_variables_on_a_shared_device(cases):
+  found = _case(cases, 'policy_copy')
+  assert found['shared_same_objects'] and not found['shared_sync']  # the default
+  assert found['copy_placement_shared'] and not found['copy_same_objects']
+  assert found['after_copy'] == 0.0
+  assert found['after_step'] > 0  # a learner step leaves inference's copy as it was ...
+  assert found['after_next_copy'] == 0.0  # ... until the copy after it
