@@ -401,7 +401,11 @@ class PPOLearner(BatchLearner):
     out = {k: v / len(plan) for k, v in sums.items()}
     versions = prepared['policy_version'].numpy()
     lag = int(self.num_steps.numpy()) - 1 - versions
+    env_ids = prepared['env_id'].numpy()
+    # distinct_envs: the share of the batch's unrolls from different envs (1: one
+    # unroll per env; lower: some envs ran ahead and gave two).
     out.update(policy_lag=float(lag.mean()), policy_lag_max=float(lag.max()),
+               distinct_envs=len(set(env_ids.tolist())) / len(env_ids),
                learning_rate=float(self._learning_rate.numpy()))
     if c.kl_target is not None:  # the next step's rate, from this step's KL
       self._learning_rate.assign(adapted_learning_rate(

@@ -12,6 +12,7 @@ learner's devices (data-parallel over several: `seedacme.learner.replicas`).
 import dataclasses
 from typing import Any
 
+from absl import logging
 import tensorflow as tf
 
 from seedacme.builder import SeedBuilder
@@ -46,6 +47,9 @@ def place_networks(builder: SeedBuilder, spec: EnvSpec,
     return PlacedNetworks(placement, devices, learner, learner, None)
   with tf.device(placement.inference):
     inference = builder.make_networks(spec)
+  logging.info('Inference serves its own copy of the policy on %s, copied after each '
+               'learner step%s', placement.inference,
+               ' (policy_copy)' if placement.shared else '')
   sync = PolicySync(builder.policy_network(learner).variables,
                     builder.policy_network(inference).variables)
   return PlacedNetworks(placement, devices, learner, inference, sync)
