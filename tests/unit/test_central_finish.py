@@ -4,12 +4,14 @@ A real central node (V-trace on Catch, a real Reverb server, in-process actor th
 run by its own main loop until a budget, with no program stopper: the run still leaves
 its final checkpoint and the policy export, the summary is written once, and its rates
 are the progress log's steady rate (not the shutdown window's, as when every record
-reset the rate window and a second summary overwrote the first).
+reset the rate window and a second summary overwrote the first). A resumed node whose
+inference holds its own copy of the policy serves the checkpoint's weights at once.
 """
 
 import os
 import threading
 
+import numpy as np
 import pytest
 import reverb
 
@@ -114,3 +116,33 @@ def test_a_resumed_run_stops_at_its_budget_across_starts_and_exports_again(tmp_p
   assert summary['learner_steps'] == 250  # 100 more, not 250 more
   assert _restored(logdir, builder, spec)['learner_steps'] == 250
   assert os.stat(export).st_mtime_ns > first_export  # the resumed policy, exported
+
+
+def _max_diff(a, b):
+  return max(float(np.abs(x.numpy() - y.numpy()).max()) for x, y in zip(a, b))
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_copy_serves_the_restored_weights_from_its_first_step(tmp_path):
+  """With `policy_copy`, inference's own copy of a resumed run's policy holds the
+  checkpoint's weights before the learner steps again (not its initial ones)."""
+  logdir = str(tmp_path)
+  builder, spec, _ = _run_to_budget(logdir, 20)
+  os.remove(os.path.join(logdir, 'summary.json'))
+  server = reverb.Server(builder.make_replay_tables(spec), port=None)
+  config = ProgramConfig(num_actors=2, envs_per_actor=4, num_eval_envs=0, logdir=logdir,
+                         max_seconds=None, max_learner_steps=40,
+                         checkpoint_interval_s=600.0, policy_copy=True)
+  central = CentralNode(builder, spec, config, reverb.Client(f'localhost:{server.port}'),
+                        stop_program=None, stop_event=threading.Event())
+  try:
+    assert central.resumed_from == 20
+    learner = builder.policy_network(central._networks).variables  # pylint: disable=protected-access
+    served = builder.policy_network(central._inference_networks).variables  # pylint: disable=protected-access
+    initial = builder.policy_network(builder.make_networks(spec)).variables
+    assert served[0] is not learner[0]  # its own variables ...
+    assert _max_diff(initial, learner) > 0  # (the checkpoint's are not an initial draw)
+    assert _max_diff(served, learner) == 0.0  # ... holding the checkpoint's weights
+  finally:
+    central.shutdown()
+    server.stop()
