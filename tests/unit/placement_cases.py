@@ -182,13 +182,13 @@ def policy_copy_case():
   placed.sync()
   after_copy = diff()
   learner.train_on(_batch(builder.item_signature(SPEC), 4))
-  during_step = diff()
+  after_step = diff()
   placed.sync()
   return {'shared_same_objects': shared.inference is shared.learner,
           'shared_sync': shared.sync is not None,
           'copy_same_objects': placed.inference is placed.learner,
           'copy_placement_shared': placed.placement.shared,
-          'after_copy': after_copy, 'after_step': during_step, 'after_next_copy': diff()}
+          'after_copy': after_copy, 'after_step': after_step, 'after_next_copy': diff()}
 
 
 def _run(name):
