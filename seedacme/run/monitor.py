@@ -100,7 +100,8 @@ class StopReason:
 
 
 class ServingStats(Protocol):
-  """What the monitor reads about serving, whichever side runs the policy."""
+  """What the monitor reads about serving, whichever side runs the policy. The counters
+  count from this process's start (a restarted central node's begin at 0 again)."""
   batch_capacity: int
   actor_restarts: int
   requests_refused: int
