@@ -104,8 +104,8 @@ def launch(cmd: List[str], logdir: str, cap_s: float,
           'wall_s': time.monotonic() - start, 'load_1m_before': load_before,
           'load_1m_after': os.getloadavg()[0], 'interrupted': interrupted,
           'agent_config': agent_config,
-          # Per launch: a study continued in a later session may run on another machine,
-          # and the same settings learned less on a faster one (docs/history.md).
+          # Per launch: a study continued in a later session may run on another machine
+          # (results say which machine they ran on: docs/history.md).
           'machine': {k: harness.machine()[k] for k in ('cpu', 'cores')}}
 
 

@@ -47,18 +47,31 @@ def _batch(signature, batch_size, seed=0):
   return tf.nest.map_structure(fill, signature)
 
 
+def _vtrace_builder():
+  return VTraceBuilder(VTraceConfig(unroll_length=5, batch_size=4, hidden_sizes=(16,),
+                                    max_gradient_norm=None))
+
+
+def _vtrace_learner(builder, network):
+  from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
+  return VTraceLearner(network, builder.config, None, builder.item_signature(SPEC))
+
+
 def _vtrace(devices):
-  builder = VTraceBuilder(VTraceConfig(unroll_length=5, batch_size=4, hidden_sizes=(16,),
-                                       max_gradient_norm=None))
+  builder = _vtrace_builder()
   with devices.activate():
     network = builder.make_networks(SPEC)
-    from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
-    learner = VTraceLearner(network, builder.config, None, builder.item_signature(SPEC))
+    learner = _vtrace_learner(builder, network)
   return builder, network, learner
 
 
 def _values(variables):
   return [np.asarray(tf.convert_to_tensor(v)) for v in variables]
+
+
+def _max_diff(a, b):
+  """The largest difference between two networks' variables, in order."""
+  return max(float(np.abs(x - y).max()) for x, y in zip(_values(a), _values(b)))
 
 
 def devices_case():
@@ -153,14 +166,12 @@ def sync_case():
   for step in range(3):
     learner.train_on(_batch(builder.item_signature(SPEC), 4, seed=step))
     # Before the copy the inference copy is exactly one step behind ...
-    stale.append(max(float(np.abs(x - y).max()) for x, y in
-                     zip(_values(inference_network.variables), _values(network.variables))))
+    stale.append(_max_diff(inference_network.variables, network.variables))
     policy.step(np.arange(4), np.zeros((4, 6), np.float32), np.ones(4, bool),
                 np.zeros(4, bool))
     served += 1
     sync()  # ... and equal after it
-    fresh.append(max(float(np.abs(x - y).max()) for x, y in
-                     zip(_values(inference_network.variables), _values(network.variables))))
+    fresh.append(_max_diff(inference_network.variables, network.variables))
   return {'stale': stale, 'fresh': fresh, 'served': served, 'copies': sync.copies}
 
 
@@ -169,16 +180,13 @@ def policy_copy_case():
   `policy_copy` holds its own, equal after each copy and untouched by a learner step."""
   from seedacme.config import ProgramConfig  # pylint: disable=g-import-not-at-top
   from seedacme.nodes.placed import place_networks  # pylint: disable=g-import-not-at-top
-  builder = VTraceBuilder(VTraceConfig(unroll_length=5, batch_size=4, hidden_sizes=(16,),
-                                       max_gradient_norm=None))
+  builder = _vtrace_builder()
   shared = place_networks(builder, SPEC, ProgramConfig())
   placed = place_networks(builder, SPEC, ProgramConfig(policy_copy=True))
-  from seedacme.agents.vtrace.learning import VTraceLearner  # pylint: disable=g-import-not-at-top
-  learner = VTraceLearner(placed.learner, builder.config, None, builder.item_signature(SPEC))
+  learner = _vtrace_learner(builder, placed.learner)
 
   def diff():
-    return max(float(np.abs(x - y).max()) for x, y in
-               zip(_values(placed.inference.variables), _values(placed.learner.variables)))
+    return _max_diff(placed.inference.variables, placed.learner.variables)
   placed.sync()
   after_copy = diff()
   learner.train_on(_batch(builder.item_signature(SPEC), 4))
