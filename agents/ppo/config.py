@@ -45,6 +45,9 @@ class PPOConfig:
     core: 'feedforward' or 'lstm' (torso -> LSTM -> heads, shared).
     torso: 'mlp', 'nature_cnn', 'impala_resnet' or 'football' (seedacme.networks).
     hidden_sizes, activation: the MLP torso ('tanh' or 'relu').
+    value_hidden_sizes: the value MLP's sizes when it has its own torso (None: as
+      `hidden_sizes`). "What Matters in On-Policy RL" recommends a value MLP wider
+      than the policy's.
     shared_torso: one torso for policy and value; False gives each its own MLP (the
       default for vector observations; frames always share the CNN).
     lstm_size: LSTM core size.
@@ -109,6 +112,7 @@ class PPOConfig:
   core: str = 'feedforward'
   torso: str = 'mlp'
   hidden_sizes: Tuple[int, ...] = (64, 64)
+  value_hidden_sizes: Tuple[int, ...] | None = None
   activation: str = 'tanh'
   shared_torso: bool = False
   lstm_size: int = 128

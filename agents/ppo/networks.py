@@ -35,9 +35,9 @@ def _mlp(hidden_sizes, activation: str, name: str) -> snt.Module:
 class _Torso(snt.Module):
   """Flatten + MLP, or a frame torso (`seedacme.networks.make_torso`)."""
 
-  def __init__(self, config: PPOConfig, name: str):
+  def __init__(self, config: PPOConfig, name: str, hidden_sizes=None):
     super().__init__(name=name)
-    self._mlp = (_mlp(config.hidden_sizes, config.activation, name + '_mlp')
+    self._mlp = (_mlp(hidden_sizes or config.hidden_sizes, config.activation, name + '_mlp')
                  if config.torso == 'mlp' else None)
     self._frames = make_torso(config.torso) if self._mlp is None else None
 
@@ -62,7 +62,8 @@ class PPONetwork(snt.Module):
     self._value = snt.Linear(1, w_init=snt.initializers.Orthogonal(gain=1.0), name='value')
     shared = config.shared_torso or config.torso != 'mlp' or config.core == 'lstm'
     self._policy_torso = _Torso(config, 'policy_torso')
-    self._value_torso = None if shared else _Torso(config, 'value_torso')
+    self._value_torso = None if shared else _Torso(config, 'value_torso',
+                                                   config.value_hidden_sizes)
     self._core = (RecurrentCore(self._policy_torso, config.lstm_size)
                   if config.core == 'lstm' else None)
     # The learner step these weights come from: the learner sets it, the policy stamps

@@ -219,6 +219,22 @@ def test_continuous_actions_are_served_inside_the_bounds_and_greedy_is_the_mode(
   assert (again.action[1::2] != out.action[1::2]).any()  # sampled
 
 
+def _kernel_shapes(network, torso):
+  return [tuple(v.shape) for v in network.trainable_variables
+          if f'{torso}_torso' in v.name and v.name.endswith('w:0')]
+
+
+@pytest.mark.parametrize('value_sizes', [None, (32, 16)])
+def test_the_value_mlp_takes_its_own_sizes_and_the_policy_keeps_its_own(value_sizes):
+  config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8, 8),
+                     value_hidden_sizes=value_sizes)
+  network = PPOBuilder(config).make_networks(CONTINUOUS)
+  network.unroll(tf.zeros((4, 2, 5)), tf.zeros((4, 2), tf.bool))
+  assert _kernel_shapes(network, 'policy') == [(5, 8), (8, 8)]
+  assert _kernel_shapes(network, 'value') == (
+      [(5, 8), (8, 8)] if value_sizes is None else [(5, 32), (32, 16)])
+
+
 def test_normalizer_is_shared_reaches_actor_side_copies_and_checkpoints(tmp_path):
   config = PPOConfig(unroll_length=5, batch_size=4, num_minibatches=2,
                      normalize_observations=True, hidden_sizes=(8,))
