@@ -148,6 +148,11 @@ class PPOConfig:
   seed: int = 0
 
   @property
+  def separate_value_torso(self) -> bool:
+    """The value has its own MLP: vector observations, feed-forward, `shared_torso` off."""
+    return not self.shared_torso and self.torso == 'mlp' and self.core != 'lstm'
+
+  @property
   def minibatch_items(self) -> int:
     """What minibatches split: whole unrolls (LSTM) or transitions (feed-forward)."""
     return self.batch_size * (1 if self.core == 'lstm' else self.unroll_length)
@@ -184,6 +189,13 @@ class PPOConfig:
                f' per batch must divide by num_minibatches={self.num_minibatches} (each '
                'is used exactly `epochs` times)'),
               (self.queue_size >= 1, f'queue_size={self.queue_size} must be >= 1'),
+              (self.value_hidden_sizes is None or (
+                  self.separate_value_torso and len(self.value_hidden_sizes) >= 1
+                  and all(int(n) == n and n >= 1 for n in self.value_hidden_sizes)),
+               f'value_hidden_sizes={self.value_hidden_sizes} must be None or one or more '
+               'sizes >= 1, and needs a value MLP of its own (shared_torso=False, '
+               f"torso='mlp', core='feedforward'; here shared_torso={self.shared_torso}, "
+               f'torso={self.torso!r}, core={self.core!r})'),
               (self.kl_target is None or self.kl_target > 0,
                f'kl_target={self.kl_target} must be > 0 (None: a scheduled rate)'),
               (self.kl_target is None or not (self.learning_rate_decay_steps

@@ -37,7 +37,8 @@ class _Torso(snt.Module):
 
   def __init__(self, config: PPOConfig, name: str, hidden_sizes=None):
     super().__init__(name=name)
-    self._mlp = (_mlp(hidden_sizes or config.hidden_sizes, config.activation, name + '_mlp')
+    sizes = config.hidden_sizes if hidden_sizes is None else hidden_sizes
+    self._mlp = (_mlp(sizes, config.activation, name + '_mlp')
                  if config.torso == 'mlp' else None)
     self._frames = make_torso(config.torso) if self._mlp is None else None
 
@@ -60,10 +61,9 @@ class PPONetwork(snt.Module):
                    else dict(init_scale=0.01))
     self.head = make_action_head(spec, squash=config.squash, **head_kwargs)
     self._value = snt.Linear(1, w_init=snt.initializers.Orthogonal(gain=1.0), name='value')
-    shared = config.shared_torso or config.torso != 'mlp' or config.core == 'lstm'
     self._policy_torso = _Torso(config, 'policy_torso')
-    self._value_torso = None if shared else _Torso(config, 'value_torso',
-                                                   config.value_hidden_sizes)
+    self._value_torso = (_Torso(config, 'value_torso', config.value_hidden_sizes)
+                         if config.separate_value_torso else None)
     self._core = (RecurrentCore(self._policy_torso, config.lstm_size)
                   if config.core == 'lstm' else None)
     # The learner step these weights come from: the learner sets it, the policy stamps

@@ -235,6 +235,16 @@ def test_the_value_mlp_takes_its_own_sizes_and_the_policy_keeps_its_own(value_si
       [(5, 8), (8, 8)] if value_sizes is None else [(5, 32), (32, 16)])
 
 
+@pytest.mark.parametrize('overrides', [dict(value_hidden_sizes=()),
+                                       dict(value_hidden_sizes=(0, 8)),
+                                       dict(value_hidden_sizes=(8,), shared_torso=True),
+                                       dict(value_hidden_sizes=(8,), core='lstm'),
+                                       dict(value_hidden_sizes=(8,), torso='nature_cnn')])
+def test_value_sizes_that_would_be_ignored_or_cannot_build_are_refused(overrides):
+  with pytest.raises(ValueError, match='value_hidden_sizes='):
+    PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, **overrides)
+
+
 def test_normalizer_is_shared_reaches_actor_side_copies_and_checkpoints(tmp_path):
   config = PPOConfig(unroll_length=5, batch_size=4, num_minibatches=2,
                      normalize_observations=True, hidden_sizes=(8,))
