@@ -190,8 +190,11 @@ class PPOConfig:
                'is used exactly `epochs` times)'),
               (self.queue_size >= 1, f'queue_size={self.queue_size} must be >= 1'),
               (self.value_hidden_sizes is None or (
-                  self.separate_value_torso and len(self.value_hidden_sizes) >= 1
-                  and all(int(n) == n and n >= 1 for n in self.value_hidden_sizes)),
+                  self.separate_value_torso
+                  and isinstance(self.value_hidden_sizes, (tuple, list))
+                  and len(self.value_hidden_sizes) >= 1
+                  and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                          for n in self.value_hidden_sizes)),
                f'value_hidden_sizes={self.value_hidden_sizes} must be None or one or more '
                'sizes >= 1, and needs a value MLP of its own (shared_torso=False, '
                f"torso='mlp', core='feedforward'; here shared_torso={self.shared_torso}, "

@@ -237,6 +237,9 @@ def test_the_value_mlp_takes_its_own_sizes_and_the_policy_keeps_its_own(value_si
 
 @pytest.mark.parametrize('overrides', [dict(value_hidden_sizes=()),
                                        dict(value_hidden_sizes=(0, 8)),
+                                       dict(value_hidden_sizes=256),
+                                       dict(value_hidden_sizes='wide'),
+                                       dict(value_hidden_sizes=(8.5,)),
                                        dict(value_hidden_sizes=(8,), shared_torso=True),
                                        dict(value_hidden_sizes=(8,), core='lstm'),
                                        dict(value_hidden_sizes=(8,), torso='nature_cnn')])
