@@ -21,6 +21,7 @@ OBJECTIVES = ('decoupled', 'clip')
 ADVANTAGE_ESTIMATORS = ('gae', 'vtrace')
 SQUASHES = ('tanh', 'clip')
 NORMALIZER_UPDATES = ('after_epochs', 'on_arrival')
+KL_CEILING_MIN_SCALE = 0.05  # the lowest share of the scheduled rate a KL ceiling keeps
 
 
 @dataclasses.dataclass
@@ -66,6 +67,16 @@ class PPOConfig:
       with a decay (`learning_rate_decay_steps`, `anneal_to_budget`): give
       `learning_rate_decay_steps=0` with it where the env's defaults anneal (MuJoCo).
     kl_rate_factor, kl_rate_bounds: the adaptation's step and the rate's bounds.
+    kl_ceiling: keep the step's KL from the proximal policy under this (None: off, the
+      default), with or without a decay: the rate each step trains at is the scheduled
+      one times a scale <= 1. After a step whose `proximal_approx_kl` passed the
+      ceiling the scale is divided by `kl_ceiling_factor`; after one whose KL times the
+      factor squared stayed under it (a rate `factor` times higher moves the KL by about
+      its square: Ant-v5's run-mean KL was 0.017 / 0.029 / 0.047 at rates 3e-4 / 4e-4 /
+      5e-4), multiplied, up to 1; never below `KL_CEILING_MIN_SCALE`. Checkpointed.
+      Unlike `kl_target` it only slows a task whose updates run past the ceiling, and
+      leaves the schedule to the others. Exclusive with `kl_target`.
+    kl_ceiling_factor: the scale's step.
     anneal_to_budget: when the run has an env-step budget (`--max_env_steps`) and
       `learning_rate_decay_steps` is 0, the rate reaches 0 at the budget: the decay
       steps become the learner steps the budget holds (`with_budget`), as CleanRL
@@ -126,6 +137,8 @@ class PPOConfig:
   kl_target: float | None = None
   kl_rate_factor: float = 1.5
   kl_rate_bounds: Tuple[float, float] = (1e-6, 1e-2)
+  kl_ceiling: float | None = None
+  kl_ceiling_factor: float = 1.2
   discount: float = 0.99
   gae_lambda: float = 0.95
   advantage_estimator: str = 'gae'
@@ -209,6 +222,11 @@ class PPOConfig:
                    ('anneal_to_budget', self.anneal_to_budget)) if v)
                + ' schedules it: the two are exclusive (add learning_rate_decay_steps=0 '
                'and anneal_to_budget=False)'),
+              (self.kl_ceiling is None or (self.kl_ceiling > 0 and self.kl_target is None),
+               f'kl_ceiling={self.kl_ceiling} must be > 0 and is exclusive with kl_target'
+               f'={self.kl_target} (both set the rate)'),
+              (self.kl_ceiling_factor > 1,
+               f'kl_ceiling_factor={self.kl_ceiling_factor} must be > 1'),
               (self.kl_rate_factor > 1 and 0 < self.kl_rate_bounds[0]
                <= self.kl_rate_bounds[1],
                f'kl_rate_factor={self.kl_rate_factor} must be > 1 and kl_rate_bounds='

@@ -17,7 +17,9 @@ Per learner step (SEED RL's policy-gradient agent, on our queue and loop):
    `version` to the new learner step; the policy stamps it on every served step, so
    the policy lag (`policy_lag`, `policy_lag_max`) is measured;
 5. with a KL target (`PPOConfig.kl_target`, off by default), move the next step's
-   learning rate by this step's KL from the proximal policy (`adapted_learning_rate`).
+   learning rate by this step's KL from the proximal policy (`adapted_learning_rate`);
+   with a KL ceiling (`PPOConfig.kl_ceiling`, off), move the share of the scheduled
+   rate the next step trains at (`ceiling_scale`).
 
 Why the statistics change in step 4, not step 1: the normalizer is part of the policy.
 Updated as the batch arrives, the learner's log-probs of fresh data differ from the
@@ -43,7 +45,7 @@ import tensorflow as tf
 import tree
 
 from seedacme.agents.ppo import losses
-from seedacme.agents.ppo.config import PPOConfig
+from seedacme.agents.ppo.config import KL_CEILING_MIN_SCALE, PPOConfig
 from seedacme.learner import replicas
 from seedacme.learner.base import BatchLearner, DivergedError
 from seedacme.normalization import RunningNormalizer
@@ -80,6 +82,20 @@ def adapted_learning_rate(rate: float, kl: float, target: float, factor: float,
   return float(min(max(rate, bounds[0]), bounds[1]))
 
 
+def ceiling_scale(scale: float, kl: float, ceiling: float, factor: float) -> float:
+  """The next step's share of the scheduled rate under a KL ceiling: divided by
+  `factor` when the step's KL passed the ceiling, multiplied (up to 1) when its KL
+  times `factor` squared stayed under it, unchanged otherwise or when the KL is not
+  finite; never below `KL_CEILING_MIN_SCALE`."""
+  if not np.isfinite(kl):
+    return scale
+  if kl > ceiling:
+    scale /= factor
+  elif kl * factor ** 2 < ceiling:
+    scale *= factor
+  return float(min(max(scale, KL_CEILING_MIN_SCALE), 1.0))
+
+
 def _flat2(x: tf.Tensor) -> tf.Tensor:
   """`[T, B, ...]` -> `[T * B, ...]`."""
   return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
@@ -99,6 +115,7 @@ class PPOLearner(BatchLearner):
     self._learning_rate = tf.Variable(config.learning_rate, trainable=False,
                                       dtype=tf.float32)
     self._optimizer = snt.optimizers.Adam(self._learning_rate, epsilon=config.adam_epsilon)
+    self._kl_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32)  # kl_ceiling's
     self.num_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self._reward_stats = RunningNormalizer((), clip=None) if config.normalize_rewards \
         else None
@@ -138,6 +155,8 @@ class PPOLearner(BatchLearner):
       state['reward_stats'] = self._reward_stats
     if self._config.kl_target is not None:  # the adapted rate is state, a schedule is not
       state['learning_rate'] = self._learning_rate
+    if self._config.kl_ceiling is not None:
+      state['kl_scale'] = self._kl_scale
     return state
 
   # ---- in-graph parts --------------------------------------------------------------
@@ -369,9 +388,11 @@ class PPOLearner(BatchLearner):
   def train_on(self, batch) -> Dict[str, float]:
     """One learner step on a given batch (used by `step` and by tests)."""
     c = self._config
-    if c.learning_rate_decay_steps:
-      done = min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
-      self._learning_rate.assign(c.learning_rate * (1.0 - done))
+    if c.learning_rate_decay_steps or c.kl_ceiling is not None:
+      done = (min(1.0, float(self.num_steps.numpy()) / c.learning_rate_decay_steps)
+              if c.learning_rate_decay_steps else 0.0)
+      self._learning_rate.assign(
+          c.learning_rate * (1.0 - done) * float(self._kl_scale.numpy()))
     if c.normalizer_update == 'on_arrival' and self._network.normalizer is not None:
       self._update_normalizer_fn(time_major(batch['observation'])[:-1])
     prepared = self.prepare(batch)
@@ -411,4 +432,8 @@ class PPOLearner(BatchLearner):
       self._learning_rate.assign(adapted_learning_rate(
           out['learning_rate'], out['proximal_approx_kl'], c.kl_target,
           c.kl_rate_factor, c.kl_rate_bounds))
+    if c.kl_ceiling is not None:  # the next step's share of the schedule
+      out['kl_scale'] = float(self._kl_scale.numpy())
+      self._kl_scale.assign(ceiling_scale(out['kl_scale'], out['proximal_approx_kl'],
+                                          c.kl_ceiling, c.kl_ceiling_factor))
     return out

@@ -10,6 +10,7 @@ NaN loss raises `DivergedError` before anything is applied; a policy whose actio
 leave the bounds stops the run as 'diverged'; and returns rise on CartPole.
 """
 
+import dataclasses
 import json
 import os
 import threading
@@ -20,7 +21,8 @@ import tensorflow as tf
 
 
 from seedacme.agents.ppo import PPOBuilder, PPOConfig
-from seedacme.agents.ppo.learning import PPOLearner, adapted_learning_rate, minibatch_plan
+from seedacme.agents.ppo.learning import (PPOLearner, adapted_learning_rate, ceiling_scale,
+                                         minibatch_plan)
 from seedacme.learner.base import DivergedError
 from seedacme.learner.checkpointing import Checkpointer
 from seedacme.types import FIRST, LAST, MID, EnvSpec
@@ -202,6 +204,48 @@ def test_a_kl_target_adapts_the_rate_adam_applies_and_a_checkpoint_keeps_it(tmp_
     PPOConfig(kl_target=0.01, learning_rate_decay_steps=490)
   with pytest.raises(ValueError, match='kl_target=0.0 must be > 0'):
     PPOConfig(kl_target=0.0)
+
+
+def test_the_kl_ceiling_rule_cuts_above_it_raises_when_a_step_up_stays_under_it():
+  rule = lambda scale, kl: ceiling_scale(scale, kl, 0.02, 1.2)  # noqa: E731
+  assert rule(0.5, 0.021) == pytest.approx(0.5 / 1.2)
+  assert rule(0.5, 0.0138) == pytest.approx(0.6)  # 0.0138 * 1.44 < 0.02
+  for kl in (0.014, 0.02, float('nan'), float('inf')):  # the band, or no measure
+    assert rule(0.5, kl) == 0.5
+  assert rule(1.0, 0.0) == 1.0 and rule(0.051, 1.0) == 0.05  # 1 at most; the floor
+
+
+def test_a_kl_ceiling_scales_the_schedule_adam_applies_and_a_checkpoint_keeps_it(tmp_path):
+  """Under a ceiling each step trains at the scheduled rate times the scale, the rate
+  the step reports: a ceiling far under every step's KL cuts the scale each step while
+  the schedule decays, one far over it leaves the schedule as it is; a fresh learner
+  restores the scale from a checkpoint. A KL target beside it is refused."""
+  def run(ceiling, steps=3):
+    config = PPOConfig(unroll_length=4, batch_size=4, num_minibatches=2, hidden_sizes=(8,),
+                       learning_rate=1e-3, learning_rate_decay_steps=4, kl_ceiling=ceiling)
+    builder, _, learner = _learner(config)
+    out = [learner.train_on(_batch(builder, DISCRETE, seed=i)) for i in range(steps)]
+    return config, learner, out
+  _, _, low = run(1e-9)
+  assert all(m['proximal_approx_kl'] > 1e-9 for m in low)
+  np.testing.assert_allclose([m['learning_rate'] for m in low],
+                             [1e-3, 7.5e-4 / 1.2, 5e-4 / 1.44], rtol=1e-5)
+  np.testing.assert_allclose([m['kl_scale'] for m in low], [1, 1 / 1.2, 1 / 1.44], rtol=1e-5)
+  config, learner, high = run(10.0)
+  np.testing.assert_allclose([m['learning_rate'] for m in high], [1e-3, 7.5e-4, 5e-4],
+                             rtol=1e-5)
+  _, low_learner, _ = run(1e-9)
+  Checkpointer(str(tmp_path), low_learner.checkpoint_state(), 1).save(
+      {'learner_steps': 3, 'env_steps': 0, 'episodes': 0})
+  _, _, fresh = _learner(dataclasses.replace(config, kl_ceiling=1e-9))
+  Checkpointer(str(tmp_path), fresh.checkpoint_state(), 1).restore()
+  assert fresh._kl_scale.numpy() == pytest.approx(1 / 1.2 ** 3)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match='kl_ceiling=0.02 must be > 0 and is exclusive'):
+    PPOConfig(kl_ceiling=0.02, kl_target=0.01)
+  with pytest.raises(ValueError, match='kl_ceiling=0.0 must be > 0'):
+    PPOConfig(kl_ceiling=0.0)
+  with pytest.raises(ValueError, match='kl_ceiling_factor=1.0 must be > 1'):
+    PPOConfig(kl_ceiling=0.02, kl_ceiling_factor=1.0)
 
 
 def test_continuous_actions_are_served_inside_the_bounds_and_greedy_is_the_mode():
