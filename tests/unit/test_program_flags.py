@@ -86,6 +86,10 @@ def test_flags_the_vertex_launcher_lacked_before_are_there():
     (['--agent_config', 'no_such_field=1'], 'no_such_field'),
     (['--env_engine', 'vector_sync'], 'vector_sync'),
     (['--agent_config', 'batch_size'], 'FIELD=VALUE'),
+    # A comma is not a separator: the config took the string and the learner failed on it.
+    (['--agent_config', 'learning_rate=4e-4,batch_size=8'],
+     r"learning_rate='4e-4,batch_size=8': expected float"),
+    (['--agent_config', 'batch_size=8.5'], 'batch_size=8.5: expected int'),
 ])
 def test_a_bad_flag_is_named(extra, named):
   args = local.parse_args(['catch', 'vtrace', '2', *extra])

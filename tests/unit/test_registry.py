@@ -2,6 +2,7 @@
 (agents/registry.py, agents/vtrace/config.py)."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -97,3 +98,20 @@ def test_vtrace_core_is_named_apart_from_the_torso_and_the_old_name_still_works(
     VTraceConfig(core='mlp')  # a torso's name is not a core
   with pytest.raises(ValueError, match='now core'):
     VTraceConfig(network='gru')
+
+
+def test_an_override_of_the_wrong_scalar_type_is_refused_naming_the_field():
+  """What the override checks let through: an int for a float, None where the field
+  allows it, a tuple for a tuple field (the config's own checks); what they refuse
+  names the config, the field, the value and the type."""
+  config = registry.make_config('ppo', 'mujoco', learning_rate=1, kl_ceiling=None,
+                                hidden_sizes=(32, 32))
+  assert config.learning_rate == 1 and config.hidden_sizes == (32, 32)
+  for override, message in (
+      (dict(learning_rate='3e-4'), "PPOConfig.learning_rate='3e-4': expected float"),
+      (dict(epochs=True), 'PPOConfig.epochs=True: expected int'),
+      (dict(normalize_rewards=1), 'normalize_rewards=1: expected bool'),
+      (dict(kl_ceiling='x'), "kl_ceiling='x': expected float or None"),
+      (dict(learning_rate=None), 'learning_rate=None: expected float')):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      registry.make_config('ppo', 'mujoco', **override)
