@@ -44,11 +44,12 @@ def _make_mujoco(seed: int, level: str = 'HalfCheetah-v5',
   option (gymnasium's `include_cfrc_ext_in_observation`: Ant, Humanoid,
   HumanoidStandup v5); on the others it changes nothing. None (the default) is off,
   unlike gymnasium's v5 default: Ant-v5's default observation is 105 dims, 78 of them
-  contact forces (v4's default had none), and with them PPO at the shared defaults
-  reached a training average of 415 at 1M env steps, without them 2,934 (seed 0; seeds
-  1, 2: 3,073 and 2,856; bench/published/mujoco_ant_no_contact_forces.json). Humanoid
-  is not measured either way. None rather than False as the default keeps the recorded
-  config of every run made before (`seedacme.run.identity`); a run made with the old
+  contact forces (v4's default had none), and with them PPO at the shared defaults of
+  the time (lr 3e-4) reached a training average of 415 at 1M env steps, without them
+  2,934 (seed 0; seeds 1, 2: 3,073 and 2,856;
+  bench/published/mujoco_ant_no_contact_forces.json). Humanoid is not measured either
+  way. None rather than False as the default keeps the recorded config of every run
+  made before (`seedacme.run.identity`); a run made with the old
   default on Ant is refused on resume by its observation spec (105 dims, now 27)."""
   import gymnasium
   from seedacme.envs import gym_adapter

@@ -110,7 +110,7 @@ def test_every_cited_published_run_is_parsed():
              if text.startswith('scripts/run_local') and 'bench/published/' in text]
   assert sorted(r['line'] for r in ROWS) == cited
   assert {r['path'] for r in ROWS} >= {
-      'bench/published/mujoco_learning_ppo_v4.json',
+      'bench/published/mujoco_ppo_walker2d_lr4e4.json',
       'bench/published/mujoco_learning_sac.json', 'bench/published/pong_learning_ppo_e3_s2.json',
       'bench/published/pong_learning_r2d2_b8.json'}
 
@@ -162,11 +162,13 @@ def test_a_recorded_config_is_what_is_compared(tmp_path):
 
 def test_registry_defaults_are_the_published_settings():
   """The settings the published PPO runs passed by hand or ran with are the defaults:
-  MuJoCo's learning-rate decay over 490 learner steps (~1M env steps), Atari's plain
+  MuJoCo's learning rate 4e-4 (issue 51's runs) decayed over 490 learner steps (~1M
+  env steps), Atari's plain
   clip objective (the Pong run predates 'decoupled') and entropy cost 0.003 (the runs
   that reached +18 by 1.5M on seeds 0, 1 and 2); random first episodes on PPO's MuJoCo
   training envs only."""
   assert registry.make_config('ppo', 'mujoco').learning_rate_decay_steps == 490
+  assert registry.make_config('ppo', 'mujoco').learning_rate == 4e-4
   assert registry.make_config('ppo', 'atari').objective == 'clip'
   assert registry.make_config('ppo', 'atari').entropy_cost == 0.003
   assert registry.train_env_config('ppo', 'mujoco') == {'random_first_episode': True}
