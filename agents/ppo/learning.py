@@ -73,13 +73,20 @@ def adapted_learning_rate(rate: float, kl: float, target: float, factor: float,
   """The next learning rate for a KL target (rl_games's 'adaptive' rule): divided by
   `factor` when the step's KL passed twice the target, multiplied when it stayed under
   half of it, unchanged in between (or when the KL is not finite); within `bounds`."""
+  return _moved_by_kl(rate, kl, 2.0 * target, 0.5 * target, factor, bounds)
+
+
+def _moved_by_kl(value: float, kl: float, above: float, below: float, factor: float,
+                 bounds: Tuple[float, float]) -> float:
+  """`value` divided by `factor` when `kl` passed `above`, multiplied when it stayed
+  under `below`, unchanged otherwise or when `kl` is not finite; within `bounds`."""
   if not np.isfinite(kl):
-    return rate
-  if kl > 2.0 * target:
-    rate /= factor
-  elif kl < 0.5 * target:
-    rate *= factor
-  return float(min(max(rate, bounds[0]), bounds[1]))
+    return value
+  if kl > above:
+    value /= factor
+  elif kl < below:
+    value *= factor
+  return float(min(max(value, bounds[0]), bounds[1]))
 
 
 def ceiling_scale(scale: float, kl: float, ceiling: float, factor: float) -> float:
@@ -87,13 +94,8 @@ def ceiling_scale(scale: float, kl: float, ceiling: float, factor: float) -> flo
   `factor` when the step's KL passed the ceiling, multiplied (up to 1) when its KL
   times `factor` squared stayed under it, unchanged otherwise or when the KL is not
   finite; never below `KL_CEILING_MIN_SCALE`."""
-  if not np.isfinite(kl):
-    return scale
-  if kl > ceiling:
-    scale /= factor
-  elif kl * factor ** 2 < ceiling:
-    scale *= factor
-  return float(min(max(scale, KL_CEILING_MIN_SCALE), 1.0))
+  return _moved_by_kl(scale, kl, ceiling, ceiling / factor ** 2, factor,
+                      (KL_CEILING_MIN_SCALE, 1.0))
 
 
 def _flat2(x: tf.Tensor) -> tf.Tensor:
