@@ -10,7 +10,6 @@ NaN loss raises `DivergedError` before anything is applied; a policy whose actio
 leave the bounds stops the run as 'diverged'; and returns rise on CartPole.
 """
 
-import dataclasses
 import json
 import os
 import threading
@@ -226,18 +225,17 @@ def test_a_kl_ceiling_scales_the_schedule_adam_applies_and_a_checkpoint_keeps_it
     builder, _, learner = _learner(config)
     out = [learner.train_on(_batch(builder, DISCRETE, seed=i)) for i in range(steps)]
     return config, learner, out
-  _, _, low = run(1e-9)
+  low_config, low_learner, low = run(1e-9)
   assert all(m['proximal_approx_kl'] > 1e-9 for m in low)
   np.testing.assert_allclose([m['learning_rate'] for m in low],
                              [1e-3, 7.5e-4 / 1.2, 5e-4 / 1.44], rtol=1e-5)
   np.testing.assert_allclose([m['kl_scale'] for m in low], [1, 1 / 1.2, 1 / 1.44], rtol=1e-5)
-  config, learner, high = run(10.0)
+  _, _, high = run(10.0)
   np.testing.assert_allclose([m['learning_rate'] for m in high], [1e-3, 7.5e-4, 5e-4],
                              rtol=1e-5)
-  _, low_learner, _ = run(1e-9)
   Checkpointer(str(tmp_path), low_learner.checkpoint_state(), 1).save(
       {'learner_steps': 3, 'env_steps': 0, 'episodes': 0})
-  _, _, fresh = _learner(dataclasses.replace(config, kl_ceiling=1e-9))
+  _, _, fresh = _learner(low_config)
   Checkpointer(str(tmp_path), fresh.checkpoint_state(), 1).restore()
   assert fresh._kl_scale.numpy() == pytest.approx(1 / 1.2 ** 3)  # pylint: disable=protected-access
   with pytest.raises(ValueError, match='kl_ceiling=0.02 must be > 0 and is exclusive'):
