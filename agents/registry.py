@@ -12,8 +12,6 @@ flags does not import TensorFlow.
 
 import dataclasses
 import importlib
-import types
-import typing
 from typing import Any, Callable, Dict, Mapping, Tuple
 
 from seedacme.builder import SeedBuilder
@@ -316,36 +314,6 @@ def _fit_ppo_round(kwargs: Dict[str, Any], num_train_envs: int,
   return kwargs
 
 
-_SCALARS = (bool, int, float, str)
-
-
-def check_override_types(config_class: type, overrides: Mapping[str, Any]) -> None:
-  """Refuses an override whose value is not of its field's scalar type, naming both:
-  `--agent_config learning_rate=4e-4,kl_ceiling=0.02` gives the string
-  '4e-4,kl_ceiling=0.02', which the config took and the learner failed on when the run
-  had started. An int is a float; None only where the field allows it. Fields of other
-  types (tuples, ...) are left to the config's own checks, unknown ones to the
-  dataclass."""
-  hints = typing.get_type_hints(config_class)
-  for key, value in overrides.items():
-    hint = hints.get(key)
-    if hint is None:
-      continue
-    allowed = (typing.get_args(hint)
-               if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-               else (hint,))
-    if not all(t in _SCALARS or t is type(None) for t in allowed):
-      continue
-    ok = any(t is type(None) and value is None
-             or t is bool and isinstance(value, bool)
-             or t is int and isinstance(value, int) and not isinstance(value, bool)
-             or t is float and isinstance(value, (int, float)) and not isinstance(value, bool)
-             or t is str and isinstance(value, str) for t in allowed)
-    if not ok:
-      names = ' or '.join('None' if t is type(None) else t.__name__ for t in allowed)
-      raise ValueError(f'{config_class.__name__}.{key}={value!r}: expected {names}')
-
-
 def make_config(agent: str, env: str, num_train_envs: int | None = None, *,
                 task: str | None = None, budget_env_steps: int | None = None,
                 **overrides) -> Any:
@@ -365,7 +333,6 @@ def make_config(agent: str, env: str, num_train_envs: int | None = None, *,
   if num_train_envs is not None and entry.fit is not None:
     kwargs = entry.fit(kwargs, num_train_envs, overrides, env)
   config_class = _load(entry.config)
-  check_override_types(config_class, overrides)
   config = config_class(**kwargs)
   if budget_env_steps and hasattr(config, 'with_budget'):
     config = config.with_budget(budget_env_steps)

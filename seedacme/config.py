@@ -1,7 +1,47 @@
 """Configuration of a SEED program (agent-independent; agents have their own dataclass)."""
 
 import dataclasses
+import numbers
+import types
+import typing
 from typing import Any, Dict, Tuple
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _is(value: Any, kind: type) -> bool:
+  """Whether `value` fits a field annotated `kind`: an int is a float, a bool is
+  neither (True would otherwise pass as 1), numpy's ints and floats are what they are."""
+  if kind is type(None):
+    return value is None
+  if kind is bool or kind is str:
+    return isinstance(value, kind)
+  if isinstance(value, bool):
+    return False
+  return isinstance(value, numbers.Integral if kind is int else numbers.Real)
+
+
+def check_scalar_fields(config: Any) -> None:
+  """Refuses a field of a config dataclass whose value is not of its annotated scalar
+  type (bool/int/float/str, or None where the annotation allows it), naming the
+  config, the field, the value and the type. Each agent's config calls it first in
+  `__post_init__`: `--agent_config learning_rate=4e-4,kl_ceiling=0.02` gave the string
+  '4e-4,kl_ceiling=0.02', which the config took and the learner failed on once the
+  run had started. Fields of other types (tuples, ...) are left to the config's own
+  checks."""
+  hints = typing.get_type_hints(type(config))
+  for field in dataclasses.fields(config):
+    hint = hints.get(field.name)
+    allowed = (typing.get_args(hint)
+               if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+               else (hint,))
+    if not all(t in _SCALARS or t is type(None) for t in allowed):
+      continue
+    value = getattr(config, field.name)
+    if not any(_is(value, t) for t in allowed):
+      names = ' or '.join('None' if t is type(None) else t.__name__ for t in allowed)
+      raise ValueError(f'{type(config).__name__}.{field.name}={value!r}: expected {names}')
 
 
 @dataclasses.dataclass

@@ -16,6 +16,8 @@ weight (`objective='decoupled'`; `'clip'` is CleanRL's). On CartPole (2 x 8 envs
 import dataclasses
 from typing import Tuple
 
+from seedacme.config import check_scalar_fields
+
 CORES = ('feedforward', 'lstm')
 OBJECTIVES = ('decoupled', 'clip')
 ADVANTAGE_ESTIMATORS = ('gae', 'vtrace')
@@ -180,6 +182,7 @@ class PPOConfig:
     return dataclasses.replace(self, learning_rate_decay_steps=steps)
 
   def __post_init__(self):
+    check_scalar_fields(self)
     checks = ((self.core in CORES, f'core={self.core!r}: choose one of {CORES}'),
               (self.advantage_estimator in ADVANTAGE_ESTIMATORS,
                f'advantage_estimator={self.advantage_estimator!r}: choose one of '

@@ -3,6 +3,8 @@
 import dataclasses
 from typing import Tuple
 
+from seedacme.config import check_scalar_fields
+
 
 @dataclasses.dataclass
 class R2D2Config:
@@ -69,6 +71,7 @@ class R2D2Config:
   seed: int = 0
 
   def __post_init__(self):
+    check_scalar_fields(self)
     if self.sgd_steps_per_sample < 1:
       raise ValueError(f'R2D2Config: sgd_steps_per_sample={self.sgd_steps_per_sample} '
                        'must be >= 1')

@@ -10,6 +10,8 @@ uniform; `samples_per_insert` ties acting to learning through Reverb's
 import dataclasses
 from typing import Tuple
 
+from seedacme.config import check_scalar_fields
+
 
 @dataclasses.dataclass
 class SACConfig:
@@ -63,6 +65,7 @@ class SACConfig:
   seed: int = 0
 
   def __post_init__(self):
+    check_scalar_fields(self)
     if self.n_step < 1:
       raise ValueError(f'SACConfig: n_step={self.n_step} must be >= 1')
     if self.sgd_steps_per_sample < 1:

@@ -5,6 +5,8 @@ from typing import Tuple
 
 from absl import logging
 
+from seedacme.config import check_scalar_fields
+
 CORES = ('feedforward', 'lstm')
 # The field's old name and values: `network='mlp'|'lstm'` (renamed because 'mlp' also
 # names a torso).
@@ -79,6 +81,7 @@ class VTraceConfig:
   network: dataclasses.InitVar[str | None] = None
 
   def __post_init__(self, network: str | None) -> None:
+    check_scalar_fields(self)
     if network is not None:
       if network not in _OLD_CORE_NAMES:
         raise ValueError(f'network={network!r}: the field is now core, one of {CORES}')

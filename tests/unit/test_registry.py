@@ -1,12 +1,16 @@
-"""Agent defaults that fit the program's size, and the V-trace core's name
-(agents/registry.py, agents/vtrace/config.py)."""
+"""Agent defaults that fit the program's size, the V-trace core's name, and fields of
+the wrong type refused (agents/registry.py, agents/*/config.py, seedacme/config.py)."""
 
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from seedacme.agents import registry
+from seedacme.agents.ppo import PPOConfig
+from seedacme.agents.r2d2 import R2D2Config
+from seedacme.agents.sac import SACConfig
 from seedacme.agents.vtrace import VTraceConfig
 from seedacme.launchers import local, program_flags
 
@@ -100,8 +104,27 @@ def test_vtrace_core_is_named_apart_from_the_torso_and_the_old_name_still_works(
     VTraceConfig(network='gru')
 
 
+def test_each_agent_config_refuses_a_field_of_the_wrong_scalar_type():
+  """Built directly in Python, not only through the registry: each config refuses a
+  scalar field of the wrong type naming the config, the field and the value, and
+  takes numpy's ints and floats."""
+  for config_class, field, value, expected in (
+      (PPOConfig, 'learning_rate', '3e-4', 'float'),
+      (SACConfig, 'batch_size', 256.0, 'int'),
+      (R2D2Config, 'discount', None, 'float'),
+      (VTraceConfig, 'normalize_observations', 1, 'bool')):
+    config_class()  # the defaults pass
+    with pytest.raises(ValueError, match=re.escape(
+        f'{config_class.__name__}.{field}={value!r}: expected {expected}')):
+      config_class(**{field: value})
+  config = PPOConfig(epochs=np.int64(4), learning_rate=np.float32(1e-4))
+  assert config.epochs == 4
+  with pytest.raises(ValueError, match='PPOConfig.epochs=True: expected int'):
+    dataclasses.replace(config, epochs=True)  # a replace is checked too
+
+
 def test_an_override_of_the_wrong_scalar_type_is_refused_naming_the_field():
-  """What the override checks let through: an int for a float, None where the field
+  """What the checks let through: an int for a float, None where the field
   allows it, a tuple for a tuple field (the config's own checks); what they refuse
   names the config, the field, the value and the type."""
   config = registry.make_config('ppo', 'mujoco', learning_rate=1, kl_ceiling=None,
