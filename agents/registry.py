@@ -176,11 +176,11 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
     # (CleanRL: 0.2); training envs start at random phases (`_PPO_TRAIN_ENVS`).
     # Learning rate 4e-4, not CleanRL's 3e-4 (issue 51, medians at 1M on one Intel Xeon):
     # Walker2d-v5 3,941 of 6 seeds (3e-4: 2,787, three seeds near 1,800), Hopper-v5
-    # 2,651 (3e-4: 2,537), HalfCheetah-v5 with its entry 5,474 (5,193), Ant-v5 2,192 of
-    # 6 seeds, seeds 0-2 1,876 (3e-4 on the same machine: 1,751 of seeds 0-2); 5e-4
-    # collapsed Ant's entropy (1,254 / 891). CleanRL's initial action std 1 and 10
-    # epochs for any task without its own entry (std 0.5 held Hopper at 715; 4 epochs:
-    # 2,310).
+    # 2,651 of seeds 0-2 (3e-4: 2,537; 2,729 of 6), HalfCheetah-v5 with its entry 5,474
+    # (5,193), Ant-v5 2,118 of 9 seeds, seeds 0-2 1,876 (3e-4 on the same machine: 1,751
+    # of seeds 0-2); 5e-4 collapsed Ant's entropy (1,254 / 891). CleanRL's initial
+    # action std 1 and 10 epochs for any task without its own entry (std 0.5 held
+    # Hopper at 715; 4 epochs: 2,310).
     'mujoco': dict(unroll_length=128, batch_size=16, epochs=10, num_minibatches=32,
                    queue_size=16, learning_rate=4e-4, learning_rate_decay_steps=490,
                    entropy_cost=0.0, normalize_observations=True, normalize_rewards=True,
@@ -213,8 +213,8 @@ _PPO_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 # PPO per MuJoCo level, where a measured reason says the shared defaults cannot serve it.
-# HalfCheetah-v5: initial action std 0.5 and 4 epochs, median 5,474 of 3 seeds at 1M
-# (4,607-5,752; CleanRL 1,443; bench/published/mujoco_ppo_halfcheetah_lr4e4.json; at
+# HalfCheetah-v5: initial action std 0.5 and 4 epochs, median 5,025 of 6 seeds at 1M
+# (4,465-5,752; CleanRL 1,443; bench/published/mujoco_ppo_halfcheetah_lr4e4.json; at
 # 3e-4 on another machine: 5,089, mujoco_learning_ppo_v4.json). The reason
 # is the task's, not a tuning: its episode never ends when the body turns over, and with
 # the shared std 1 the early noise flips it, so the policy learns to run on its back and
