@@ -23,8 +23,17 @@ What is compared, and why:
   (`factory_identity`: its module and qualified name and its arguments, defaults
   filled in -- a `functools.partial`'s function and arguments, a dataclass factory's
   fields; a value that is not plain data by its type only), recorded the same way
-  for a launcher's run and a program composed in Python; `env` and `env_args` (the
-  registry name, game, level, scenario, `--env_config`) where a launcher named them
+  for a launcher's run and a program composed in Python. Where the name does not say
+  what a call makes (on c8a4f53 two closures `make('Pong')`, `make('Breakout')` of
+  one function had one identity, and one resumed the other's run), the factory is
+  described by what it holds: a closure's captured values, a lambda's or nested
+  function's constants and the names it uses, a bound method's object (its fields),
+  a callable object's attributes, through partials. A value in there that is no plain
+  data (an arbitrary object, a C object's hidden state) makes the identity say so
+  (`'exact': False`, `inexact`: what and where), and a resume is refused unless
+  `--allow_config_change env_factory.exact` says the envs are the same. `env` and
+  `env_args` (the registry name, game, level, scenario, `--env_config`) where a
+  launcher named them
   (a composed program has no name: None, and then only `env_factory` says which env);
   and `env_spec` (observation shape and dtype, actions). Fields that only change how
   envs are stepped, not which envs (the engine, its threads: a dataclass factory's
@@ -48,12 +57,18 @@ says to adopt this run's, and `--allow_config_change game` no longer allows
 """
 
 import dataclasses
+import enum
 import functools
+import hashlib
 import inspect
 import json
 import numbers
 import os
+import sys
+import types
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+import numpy as np
 
 from seedacme.run import logdir as logdir_lib
 from seedacme.run.logdir import is_local  # noqa: F401  (launchers check local logdirs)
@@ -88,43 +103,201 @@ def _qualified(obj: Any) -> str:
   return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
-def _plain(value: Any) -> Any:
-  """`value` as plain data: numbers, strings, lists, dicts; a callable by its identity;
-  anything else by its type (never a repr with an address: it would differ per run)."""
-  if value is None or isinstance(value, (bool, str)):
-    return value
-  if isinstance(value, numbers.Integral):
-    return int(value)
-  if isinstance(value, numbers.Real):
-    return float(value)
-  if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
-  if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-    return {k: _plain(v) for k, v in value.items()}
-  if callable(value):
-    return factory_identity(value)
-  if dataclasses.is_dataclass(value):
-    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-  return f'<{_qualified(type(value))} object>'
+# How deep `_Describer` follows values (captures of captures, fields of fields).
+_MAX_DEPTH = 12
+# Where a factory is described only in part (`_Describer`): this field of its identity
+# says so, and naming it (`--allow_config_change env_factory.exact`) lets a resume on.
+INEXACT = 'env_factory.exact'
 
 
-def _arguments(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
-  """The arguments a call of `func` gets besides the seed, by name, defaults filled."""
-  try:
-    signature = inspect.signature(func)
-    bound = signature.bind_partial(*args, **kwargs)
-  except (TypeError, ValueError):  # no signature, or not one these arguments fit
-    return {**{str(i): _plain(a) for i, a in enumerate(args)},
-            **{k: _plain(v) for k, v in kwargs.items()}}
-  bound.apply_defaults()
-  named = {}
-  for name, value in bound.arguments.items():
-    kind = signature.parameters[name].kind
-    if kind is inspect.Parameter.VAR_KEYWORD:
-      named.update({k: _plain(v) for k, v in value.items()})
-    elif kind is not inspect.Parameter.VAR_POSITIONAL or value:
-      named[name] = _plain(value)
-  return named
+def _named(obj: Any) -> bool:
+  """Whether `obj` is what its module and qualified name lead to: a module-level
+  function or class (not a lambda, nor one defined inside a function)."""
+  target = sys.modules.get(getattr(obj, '__module__', None) or '')
+  for part in str(getattr(obj, '__qualname__', '<?>')).split('.'):
+    target = getattr(target, part, None)
+  return target is obj or getattr(target, '__func__', None) is obj  # a classmethod's
+
+
+def _has_slots(kind: type) -> bool:
+  return any('__slots__' in vars(k) for k in kind.__mro__ if k is not object)
+
+
+class _Describer:
+  """Describes a factory as plain data (`factory_identity`), collecting in `loose`
+  what it could describe only by type (an arbitrary object, a C object's hidden state,
+  a class defined inside a function), each by where it is."""
+
+  def __init__(self):
+    self.loose: List[str] = []
+    self._active: set = set()  # ids on the current path: a cycle is named, not followed
+
+  def _inexact(self, path: str, why: str, shown: str | None = None) -> str:
+    self.loose.append(f'{path or "the factory"}: {why}')
+    return shown or f'<{why}>'
+
+  def plain(self, value: Any, path: str, depth: int = 0) -> Any:
+    """`value` as plain data: numbers, strings, lists, dicts, a dataclass by its fields,
+    an array by its digest, a callable as a factory; anything else by its type only
+    (never a repr with an address: it would differ per run), and noted in `loose`."""
+    if value is None or isinstance(value, (bool, str)):
+      return value
+    if isinstance(value, np.generic):
+      value = value.item()
+    if isinstance(value, numbers.Integral):
+      return int(value)
+    if isinstance(value, numbers.Real):
+      return float(value)
+    if isinstance(value, enum.Enum):
+      return f'{_qualified(type(value))}.{value.name}'
+    if isinstance(value, bytes):
+      return value.hex()
+    if isinstance(value, types.ModuleType):
+      return f'<module {value.__name__}>'
+    if isinstance(value, np.ndarray) and value.dtype.kind in 'biufc':
+      digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+      return {'array': value.dtype.str, 'shape': list(value.shape), 'sha256': digest}
+    if depth > _MAX_DEPTH:
+      return self._inexact(path, f'nested deeper than {_MAX_DEPTH}')
+    if id(value) in self._active:
+      return '<cycle>'
+    self._active.add(id(value))
+    try:
+      return self._container(value, path, depth + 1)
+    finally:
+      self._active.discard(id(value))
+
+  def _container(self, value: Any, path: str, depth: int) -> Any:
+    if isinstance(value, (list, tuple)):
+      return [self.plain(v, f'{path}[{i}]', depth) for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+      items = [self.plain(v, f'{path}[]', depth) for v in value]
+      return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=repr))
+    if isinstance(value, dict):
+      if all(isinstance(k, str) for k in value):
+        return {k: self.plain(v, f'{path}.{k}', depth) for k, v in value.items()}
+      return [[self.plain(k, f'{path}[]', depth), self.plain(v, f'{path}[{k!r}]', depth)]
+              for k, v in value.items()]
+    if callable(value):
+      return self.factory(value, path, depth)
+    if dataclasses.is_dataclass(value):
+      return {f.name: self.plain(getattr(value, f.name), f'{path}.{f.name}', depth)
+              for f in dataclasses.fields(value)}
+    kind = _qualified(type(value))
+    return self._inexact(path, f'a {kind} object', f'<{kind} object>')
+
+  def arguments(self, func: Any, args: Sequence[Any], kwargs: Dict[str, Any], path: str,
+                depth: int) -> Dict[str, Any]:
+    """The arguments a call of `func` gets besides the seed, by name, defaults filled."""
+    try:
+      signature = inspect.signature(func)
+      bound = signature.bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):  # no signature, or not one these arguments fit
+      return {**{str(i): self.plain(a, f'{path}.{i}', depth) for i, a in enumerate(args)},
+              **{k: self.plain(v, f'{path}.{k}', depth) for k, v in kwargs.items()}}
+    bound.apply_defaults()
+    named = {}
+    for name, value in bound.arguments.items():
+      kind = signature.parameters[name].kind
+      if kind is inspect.Parameter.VAR_KEYWORD:
+        named.update({k: self.plain(v, f'{path}.{k}', depth) for k, v in value.items()})
+      elif kind is not inspect.Parameter.VAR_POSITIONAL or value:
+        named[name] = self.plain(value, f'{path}.{name}', depth)
+    return named
+
+  def factory(self, factory: Any, path: str = '', depth: int = 0, args: Sequence[Any] = (),
+              kwargs: Dict[str, Any] | None = None) -> Dict[str, Any]:
+    """{'factory': module.qualname, 'args': {...}} and, where the name alone does not
+    say what a call makes, what the callable holds: a closure's `captures`, an unnamed
+    function's `code` (its constants and the names it uses), a bound method's `self`
+    (described as a factory), a callable object's fields as its `args`."""
+    kwargs = kwargs or {}
+    at = lambda key: f'{path}.{key}' if path else key
+    if isinstance(factory, functools.partial):
+      return self.factory(factory.func, path, depth, tuple(factory.args) + tuple(args),
+                          {**factory.keywords, **kwargs})
+    if inspect.ismethod(factory) or (inspect.isbuiltin(factory) and not isinstance(
+        getattr(factory, '__self__', None), (types.ModuleType, type(None)))):
+      owner = factory.__self__
+      described = (self.factory(factory.__func__, path, depth) if inspect.ismethod(factory)
+                   else {'factory': f'{_qualified(type(owner))}.{factory.__name__}'})
+      described['args'] = self.arguments(factory, args, kwargs, at('args'), depth)
+      described['self'] = (self.plain(owner, at('self'), depth) if inspect.isclass(owner)
+                           else self._object(owner, at('self'), depth))
+      return described
+    if inspect.isfunction(factory) or inspect.isbuiltin(factory):
+      described = {'factory': _qualified(factory),
+                   'args': self.arguments(factory, args, kwargs, at('args'), depth)}
+      cells = getattr(factory, '__closure__', None) or ()
+      if cells:
+        described['captures'] = {
+            name: self._cell(cell, f'{at("captures")}.{name}', depth)
+            for name, cell in zip(factory.__code__.co_freevars, cells)}
+      if inspect.isfunction(factory) and not _named(factory):
+        described['code'] = _code(factory.__code__, factory.__doc__)
+      return described
+    if inspect.isclass(factory):
+      if not _named(factory):
+        self._inexact(path, f'{_qualified(factory)}, a class defined inside a function')
+      return {'factory': _qualified(factory),
+              'args': self.arguments(factory, args, kwargs, at('args'), depth)}
+    described = self._object(factory, path, depth)
+    if args or kwargs:
+      described['call'] = self.arguments(factory, args, kwargs, at('call'), depth)
+    return described
+
+  def _cell(self, cell: Any, path: str, depth: int) -> Any:
+    try:
+      contents = cell.cell_contents
+    except ValueError:  # a name the function assigns after this was made
+      return '<empty>'
+    return self.plain(contents, path, depth + 1)
+
+  def _object(self, obj: Any, path: str, depth: int) -> Dict[str, Any]:
+    """An object by its class and its state: a dataclass's fields (but those marked
+    `metadata={'run_identity': False}`), else its attributes and slots; an object
+    whose state is not visible (a C object's) is noted in `loose`."""
+    kind = type(obj)
+    at = lambda key: f'{path}.{key}' if path else key
+    if not _named(kind):
+      self._inexact(path, f'a {_qualified(kind)}, a class defined inside a function')
+    if dataclasses.is_dataclass(obj):
+      fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+                if f.metadata.get('run_identity', True)}
+    elif hasattr(obj, '__dict__') or _has_slots(kind):
+      fields = dict(getattr(obj, '__dict__', {}))
+      for k in kind.__mro__:
+        slots = vars(k).get('__slots__', ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+          if name not in ('__dict__', '__weakref__') and hasattr(obj, name):
+            fields.setdefault(name, getattr(obj, name))
+    else:
+      fields = {}
+      self._inexact(path, f'a {_qualified(kind)} object, whose state is not visible')
+    if id(obj) in self._active:
+      return {'factory': _qualified(kind), 'args': '<cycle>'}
+    self._active.add(id(obj))
+    try:
+      return {'factory': _qualified(kind),
+              'args': {k: self.plain(v, f'{at("args")}.{k}', depth + 1)
+                       for k, v in sorted(fields.items())}}
+    finally:
+      self._active.discard(id(obj))
+
+
+def _code(code: types.CodeType, doc: str | None = None) -> Dict[str, List[str]]:
+  """What an unnamed function's code uses: its constants (by repr: these are literals)
+  and the names it reads, its nested code's included; not its docstring, and not its
+  bytecode, which differs between Python versions."""
+  constants, names = [], list(code.co_names)
+  for i, constant in enumerate(code.co_consts):
+    if isinstance(constant, types.CodeType):
+      nested = _code(constant)
+      constants += nested['constants']
+      names += nested['names']
+    elif constant is not None and not (i == 0 and doc is not None and constant == doc):
+      constants.append(repr(constant))
+  return {'constants': constants, 'names': names}
 
 
 def factory_identity(factory: Any) -> Dict[str, Any] | None:
@@ -132,21 +305,21 @@ def factory_identity(factory: Any) -> Dict[str, Any] | None:
 
   A `functools.partial`: its function and arguments; a dataclass instance (e.g.
   `AtariFactory`): its class and fields, but for those marked
-  `metadata={'run_identity': False}`; a function or class: itself and its defaults;
-  another callable object: its class."""
+  `metadata={'run_identity': False}`; a module-level function or class: itself and its
+  defaults. Where the name does not say what a call makes, what the callable holds
+  too (`_Describer.factory`): a closure's captured values, a lambda's or nested
+  function's constants and names, a bound method's object, a callable object's
+  attributes. Where a value in there could be described only by its type, the
+  identity says so: 'exact': False and 'inexact' (what, where), and a resume refuses
+  it unless `--allow_config_change env_factory.exact` (`compare`)."""
   if factory is None:
     return None
-  if isinstance(factory, functools.partial):
-    return {'factory': _qualified(factory.func),
-            'args': _arguments(factory.func, factory.args, factory.keywords)}
-  if dataclasses.is_dataclass(factory) and not isinstance(factory, type):
-    return {'factory': _qualified(type(factory)),
-            'args': {f.name: _plain(getattr(factory, f.name))
-                     for f in dataclasses.fields(factory)
-                     if f.metadata.get('run_identity', True)}}
-  if inspect.isfunction(factory) or inspect.isclass(factory):
-    return {'factory': _qualified(factory), 'args': _arguments(factory, (), {})}
-  return {'factory': _qualified(type(factory)), 'args': {}}
+  describer = _Describer()
+  described = describer.factory(factory)
+  if describer.loose:
+    described['exact'] = False
+    described['inexact'] = sorted(set(describer.loose))[:16]
+  return described
 
 
 def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
@@ -206,6 +379,14 @@ def _paths(saved: Dict[str, Any], current: Dict[str, Any]) -> set:
   return paths
 
 
+def _inexact(identity: Dict[str, Any]) -> List[str]:
+  """What the env factory of `identity` holds that was described by type only."""
+  factory = identity.get('env_factory')
+  if isinstance(factory, dict) and factory.get('exact') is False:
+    return [str(r) for r in factory.get('inexact') or ['not described']]
+  return []
+
+
 def _allowed(field: str, allowed: Sequence[str]) -> bool:
   return field in allowed or ANY_FIELD in allowed
 
@@ -213,25 +394,35 @@ def _allowed(field: str, allowed: Sequence[str]) -> bool:
 def compare(saved: Dict[str, Any], current: Dict[str, Any], allowed: Sequence[str] = (),
             where: str = 'this logdir') -> List[Tuple[str, Any, Any]]:
   """The differences `allowed` lets through; raises `RunConfigMismatchError` naming
-  the others and the exact `--allow_config_change` that would let them through."""
+  the others and the exact `--allow_config_change` that would let them through. An
+  env factory described only in part (`factory_identity`), on either side, is refused
+  unless `allowed` names `env_factory.exact`: equal descriptions do not make it the same."""
   diffs = differences(saved, current)
   refused = [d for d in diffs if not _allowed(d[0], allowed)]
-  if refused:
-    fields = '; '.join(f'{k}: saved {a!r}, now {b!r}' for k, a, b in refused)
-    names = ','.join(k for k, _, _ in refused)
-    notes = ''
-    if any(MISSING in (a, b) for _, a, b in refused):
-      notes += (' (<missing>: that side\'s config has no such field -- a config saved '
-                'by code older than the field, or a field since removed)')
-    unknown = [a for a in allowed if a != ANY_FIELD and a not in _paths(saved, current)]
-    if unknown:
-      notes += (f'; --allow_config_change {",".join(unknown)} names no field: it takes '
-                'fields by their full path, as listed here')
-    raise RunConfigMismatchError(
-        f'refusing to resume {where}: its checkpoint belongs to a run with another '
-        f'config ({fields}){notes}. Rerun with the saved config, use another --logdir, '
-        f'or, for a change the checkpoint can take, --allow_config_change {names}')
-  return diffs
+  unsure = [] if _allowed(INEXACT, allowed) else sorted(
+      {r for side in (saved, current) for r in _inexact(side)})
+  if not refused and not unsure:
+    return diffs
+  names = [k for k, _, _ in refused]
+  notes = ''
+  if any(MISSING in (a, b) for _, a, b in refused):
+    notes += (' (<missing>: that side\'s config has no such field -- a config saved '
+              'by code older than the field, or a field since removed)')
+  unknown = [a for a in allowed if a != ANY_FIELD and a not in _paths(saved, current)]
+  if unknown:
+    notes += (f'; --allow_config_change {",".join(unknown)} names no field: it takes '
+              'fields by their full path, as listed here')
+  if unsure:
+    names += [] if INEXACT in names else [INEXACT]
+    notes += ('; its env factory is described only in part, so nothing says the '
+              f'checkpoint\'s envs are this run\'s ({"; ".join(unsure)})')
+  fields = '; '.join(f'{k}: saved {a!r}, now {b!r}' for k, a, b in refused)
+  what = (f'belongs to a run with another config ({fields})' if refused
+          else 'may belong to another run')
+  raise RunConfigMismatchError(
+      f'refusing to resume {where}: its checkpoint {what}{notes}. Rerun with the saved '
+      'config, use another --logdir, or, for a change the checkpoint can take (for a '
+      f'factory described in part: the same envs), --allow_config_change {",".join(names)}')
 
 
 def config_path(directory: str) -> str:

@@ -52,6 +52,19 @@ and inside, this guard leaves Courier nothing to rebuild.
   stand-in): a peer sending distinct names grows the process by each name's length
   (measured: 2,000 refused 4,000-char names, +9.1 KB a name before, +4.9 KB now that
   the stand-in keeps 120 characters and 64 names are logged at most).
+* **The interpreter's crash printers run under a Python frame.** Its own traceback
+  printer (C: `sys.__excepthook__` for an uncaught exception at the top level,
+  `sys.__unraisablehook__` for a `_thread` thread's or a `__del__`'s) imports `io` the
+  way Courier's deserializer does, and at the top level or on a thread `_thread`
+  started no Python frame is on the thread: it got a gate, a stand-in for `io.open`,
+  and the traceback stopped before its exception line (a node's crash had no cause in
+  its log). `install()` puts those two hooks, where still the interpreter's own, behind
+  a Python function of this file that calls them: the same printer and output, and the
+  import has a frame that is not Courier's. Courier's deserializer never runs under
+  them, so what it gets is unchanged (`io.open` included, `test_courier_guard.py`).
+  `threading`'s hook is called from `threading.py` and needs nothing. A program that
+  puts the interpreter's own hook back, or C code calling its printer with no frame,
+  gets the cut traceback again.
 * **What no guard here can stop.** A CallRequest written by hand rather than by
   Courier's client ends the process in Courier's C++ before any Python runs (SIGSEGV,
   measured): a reduced object whose arguments are not a tuple (any name: the call
@@ -70,7 +83,7 @@ a reduced object now. Cost (timeit, K=16 Catch request, load ~9 on 2 cores): `pl
 `np.prod` per array, took 181 us); an `import` statement anywhere in the process goes
 through one Python call (+0.16 us, timeit).
 
-Why ~450 lines: two halves that must agree and sit together -- the wire (`plain`,
+Why ~480 lines: two halves that must agree and sit together -- the wire (`plain`,
 `accept`, the array table) and the import gate with its stand-ins -- each small, plus
 the reasons above, which are the part a reader needs.
 """
@@ -435,6 +448,25 @@ def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # p
   return _real_import(name, globals, locals, fromlist, level)
 
 
+# The interpreter's own crash printers, called from a Python frame (see the docstring).
+def _excepthook(exc_type, value, tb, _printer=sys.__excepthook__) -> None:
+  _printer(exc_type, value, tb)
+
+
+def _unraisablehook(unraisable, _printer=sys.__unraisablehook__) -> None:
+  _printer(unraisable)
+
+
+def _print_crashes_under_a_frame() -> None:
+  """Where `sys.excepthook` and `sys.unraisablehook` are still the interpreter's own,
+  puts them behind `_excepthook`/`_unraisablehook`: the same printers, run from a Python
+  frame of this file, so the `io` they import is the module, not a gate."""
+  if sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _excepthook
+  if sys.unraisablehook is sys.__unraisablehook__:
+    sys.unraisablehook = _unraisablehook
+
+
 def install() -> None:
   """Puts the guard in place for this process (idempotent). Call before the first
   Courier server or client of the process is used."""
@@ -442,6 +474,7 @@ def install() -> None:
   with _lock:
     if _real_import is not None:
       return
+    _print_crashes_under_a_frame()
     _record_path = os.environ.get(RECORD_VAR) or None
     from courier.python import client as courier_client  # pylint: disable=g-import-not-at-top
     # Courier's futures would end this process on some replies (`courier_futures`).

@@ -192,3 +192,79 @@ def test_launchpads_courier_node_path_serves_only_the_surface(central, tmp_path)
     own.Stop()
     own.Join()
     node._courier = None  # pylint: disable=protected-access
+
+
+# A guarded node that is sent `io.open(path, 'w')`, then crashes three ways (issue 62).
+_CRASHING_NODE = '''
+import _thread, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import courier
+from seedacme.wire import courier_guard
+courier_guard.install()
+server = courier.Server(port=int(sys.argv[2]))
+server.Bind('take', courier_guard.served(lambda value: 'took', 'take'))
+server.Bind('ping', lambda *args: True)
+server.Start()
+sys.stdin.read()  # until the test has sent its payload
+server.Stop()
+def in_a_thread():
+  raise ValueError('the thread cause')
+threading.Thread(target=in_a_thread).start()
+def in_a_raw_thread():
+  raise KeyError('the raw thread cause')
+_thread.start_new_thread(in_a_raw_thread, ())
+time.sleep(1)
+def crash():
+  raise RuntimeError('the top-level cause')
+crash()
+'''
+
+_SEND_IO_OPEN = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+import courier
+from tests.unit.courier_fuzzing import Reduced
+try:
+  print(courier.Client(sys.argv[2], call_timeout=10).take(Reduced('io', 'open', (sys.argv[3], 'w'))))
+except Exception as e:
+  print('ERROR', str(e).replace(chr(10), ' '))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_prints_its_whole_traceback_and_io_open_stays_refused(tmp_path):
+  """The interpreter's own traceback printer imports `io` with no Python frame at the
+  top level and on a `_thread` thread, as Courier's deserializer does: the guard gave it
+  a stand-in for `io.open`, and the traceback stopped before the exception's line (old
+  code: neither `KeyError: ...` nor `RuntimeError: ...` nor their source lines on
+  stderr). Now each crash prints whole, and a payload naming `io.open` sent to the same
+  node is still refused by name and writes nothing."""
+  from tests.unit import courier_fuzzing as fuzz  # pylint: disable=g-import-not-at-top
+  port = portpicker.pick_unused_port()
+  script = tmp_path / 'node.py'  # a file: the printer shows each frame's source line
+  script.write_text(_CRASHING_NODE)
+  node = subprocess.Popen([sys.executable, str(script), fuzz.REPO, str(port)],
+                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=fuzz.REPO)
+  try:
+    fuzz._wait_serving(f'localhost:{port}', node)  # pylint: disable=protected-access
+    target = tmp_path / 'written'
+    sent = subprocess.run([sys.executable, '-c', _SEND_IO_OPEN, fuzz.REPO,
+                           f'localhost:{port}', str(target)], capture_output=True,
+                          text=True, timeout=60, cwd=fuzz.REPO)
+    assert sent.stdout.startswith('ERROR') and 'refused to rebuild io.open' in sent.stdout, (
+        sent.stdout, sent.stderr[-2000:])
+    assert not target.exists(), 'io.open ran on the node'
+    _, stderr = node.communicate('', timeout=60)
+  finally:
+    node.kill()
+    node.wait()
+  assert node.returncode == 1, stderr[-3000:]
+  for source, cause in (("raise ValueError('the thread cause')",
+                         'ValueError: the thread cause'),
+                        ("raise KeyError('the raw thread cause')",
+                         "KeyError: 'the raw thread cause'"),
+                        ("raise RuntimeError('the top-level cause')",
+                         'RuntimeError: the top-level cause')):
+    assert f'    {source}\n{cause}\n' in stderr, stderr[-3000:]
+  assert 'RefusedType' not in stderr and 'Exception ignored in sys.' not in stderr, stderr

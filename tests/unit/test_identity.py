@@ -228,3 +228,105 @@ def test_the_launcher_refuses_before_anything_starts(tmp_path):
     program_flags.make_program_inputs(same, logdir)
   adopt = local.parse_args(['catch', 'vtrace', '2', '--allow_config_change', '*'])
   program_flags.make_program_inputs(adopt, logdir)
+
+
+def _atari_of(game):
+  """A composed program's env factory as a closure (issue 62: on c8a4f53 every
+  `_atari_of(...)` had one identity, and Pong resumed as Breakout)."""
+  def factory(seed):
+    return envs.make_factory('atari', game=game)(seed)
+  return factory
+
+
+def _catch_of(rows):
+  return lambda seed: envs.make_factory('catch', rows=rows)(seed)
+
+
+class _Maker:
+  """Envs made by a bound method: the object's fields say which."""
+
+  def __init__(self, game, sticky=0.25):
+    self.game, self.sticky = game, sticky
+
+  def make(self, seed, frame_skip=4):
+    return envs.make_factory('atari', game=self.game)(seed), frame_skip
+
+
+class _Settings:
+  """An arbitrary object: nothing says what it holds."""
+
+  def __init__(self, game):
+    self.game = game
+
+
+def test_closures_and_lambdas_are_told_apart_by_what_they_capture():
+  atari = EnvSpec((84, 84, 4), 'uint8', 6)
+  pong, breakout = (_composed(_atari_of(g), atari) for g in ('Pong', 'Breakout'))
+  assert identity.differences(pong, breakout) == [
+      ('env_factory.captures.game', 'Pong', 'Breakout')]
+  with pytest.raises(identity.RunConfigMismatchError,
+                     match='--allow_config_change env_factory.captures.game$'):
+    identity.compare(pong, breakout)
+  assert identity.compare(pong, _composed(_atari_of('Pong'), atari)) == []  # exact: resumes
+  assert 'exact' not in pong['env_factory']
+  assert identity.differences(_composed(_catch_of(10)), _composed(_catch_of(12))) == [
+      ('env_factory.captures.rows', 10, 12)]
+  # A lambda that captures nothing: told apart by the constants and names it uses.
+  ten, twelve = (lambda seed: _my_env(seed, 10)), (lambda seed: _my_env(seed, 12))
+  assert [d[0] for d in identity.differences(_composed(ten), _composed(twelve))] == [
+      'env_factory.code.constants']
+  other = lambda seed: envs.make_factory('catch')(seed)  # noqa: E731
+  assert 'env_factory.code.names' in {d[0] for d in identity.differences(
+      _composed(ten), _composed(other))}
+  # A partial of a closure: the closure's captures and the partial's arguments.
+  assert identity.factory_identity(functools.partial(_catch_of(7), seed=3)) == {
+      'factory': identity.factory_identity(_catch_of(7))['factory'], 'args': {'seed': 3},
+      'captures': {'rows': 7}, 'code': identity.factory_identity(_catch_of(7))['code']}
+
+
+def test_a_bound_method_is_told_apart_by_its_objects_fields():
+  pong, breakout = (_composed(_Maker(g).make) for g in ('Pong', 'Breakout'))
+  assert pong['env_factory']['factory'].endswith('_Maker.make')
+  assert pong['env_factory']['args'] == {'frame_skip': 4}
+  assert identity.differences(pong, breakout) == [
+      ('env_factory.self.args.game', 'Pong', 'Breakout')]
+  assert identity.differences(pong, _composed(_Maker('Pong', sticky=0.0).make)) == [
+      ('env_factory.self.args.sticky', 0.25, 0.0)]
+  assert identity.differences(pong, _composed(functools.partial(
+      _Maker('Pong').make, frame_skip=1))) == [('env_factory.args.frame_skip', 4, 1)]
+  assert identity.compare(pong, _composed(_Maker('Pong').make)) == []
+
+
+def test_a_factory_holding_what_cannot_be_described_refuses_resume_unless_named(tmp_path):
+  """A closure over an arbitrary object: two runs' identities would be equal whatever
+  the object holds, so the identity says it is not exact and a resume is refused,
+  naming the override; with `--allow_config_change env_factory.exact` it goes on."""
+  def closure_over(settings):
+    return lambda seed: envs.make_factory('atari', game=settings.game)(seed)
+  current = _composed(closure_over(_Settings('Breakout')))
+  factory = current['env_factory']
+  assert factory['exact'] is False
+  assert factory['inexact'] == [
+      f'captures.settings: a {_Settings.__module__}._Settings object']
+  directory = str(tmp_path / identity.CHECKPOINTS)
+  identity.save(directory, _composed(closure_over(_Settings('Pong'))), fresh=True)
+  open(os.path.join(directory, 'checkpoint'), 'w').write('model_checkpoint_path: "c-1"\n')
+  with pytest.raises(identity.RunConfigMismatchError) as raised:
+    identity.check_resume(directory, current)
+  message = str(raised.value)
+  assert 'described only in part' in message and 'captures.settings' in message
+  assert message.endswith('--allow_config_change env_factory.exact')
+  assert identity.check_resume(directory, current, ['env_factory.exact']) == []
+  # Another difference besides: both named, each allowed by its own path only.
+  with pytest.raises(identity.RunConfigMismatchError,
+                     match='--allow_config_change seed,env_factory.exact$'):
+    identity.check_resume(directory, _composed(closure_over(_Settings('Pong')), seed=5))
+  with pytest.raises(identity.RunConfigMismatchError, match='--allow_config_change seed$'):
+    identity.check_resume(directory, _composed(closure_over(_Settings('Pong')), seed=5),
+                          ['env_factory.exact'])
+  # A saved exact factory, an inexact one now: the field differs, and it is named.
+  exact = str(tmp_path / 'exact')
+  identity.save(exact, _composed(_atari_of('Pong')), fresh=True)
+  open(os.path.join(exact, 'checkpoint'), 'w').write('model_checkpoint_path: "c-1"\n')
+  with pytest.raises(identity.RunConfigMismatchError, match='env_factory.exact: saved <missing>'):
+    identity.check_resume(exact, current)
