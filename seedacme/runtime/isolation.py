@@ -12,7 +12,13 @@ Two mechanisms keep them off it (issue 64), the stronger first:
   `user.max_user_namespaces=0`), the replicas run with `loopback_bind.c` in LD_PRELOAD:
   a wildcard `bind()` becomes loopback, an unbound `listen()` is bound to loopback
   first, any other non-loopback bind is refused. Loopback is shared by every user of
-  the host: any local uid can connect to those ports.
+  the host, so `accept()`/`accept4()` keep only connections whose connecting socket
+  belongs to the replica's own (effective) uid, read from `/proc/self/net/tcp{,6}`;
+  another uid's connection is reset before the server sees a byte of it (counted,
+  `refused_connections()`, and said on stderr at most once a second). What stays open:
+  processes of the run's own uid can connect, as they could enter a namespace of that
+  uid; root can do anything; a binary that skips libc's `accept` (static, raw syscall)
+  is not filtered (Courier's and Reverb's gRPC call `accept4` through libc).
 
 `choose_isolation()` picks the first mechanism the host really offers: the namespace
 probe brings `lo` up inside one (on Ubuntu 24.04 `unshare -rn true` succeeds but `lo`
@@ -164,6 +170,13 @@ for family, host in ((socket.AF_INET, ''), (socket.AF_INET6, '::')):
   s = socket.socket(family, socket.SOCK_STREAM)
   s.bind((host, 0))
   out.append(s.getsockname()[0])
+s.listen()
+s.settimeout(10)
+c = socket.create_connection(('127.0.0.1', s.getsockname()[1]))
+try:
+  out.append('accepted' if s.accept()[1][1] == c.getsockname()[1] else 'another')
+except socket.timeout:
+  out.append('refused')
 print(' '.join(out))
 '''
 
@@ -171,7 +184,8 @@ print(' '.join(out))
 def loopback_problem(library: str | None = None) -> str | None:
   """Why the loopback mechanism does not hold here (None: it does): the library is
   missing or stale, or this Python, started with it preloaded, still binds a wildcard
-  where a wildcard is asked for (a static or setuid interpreter ignores LD_PRELOAD)."""
+  where a wildcard is asked for (a static or setuid interpreter ignores LD_PRELOAD), or
+  does not accept a connection of its own uid (the filter cannot read /proc)."""
   found = preload_library(library)
   if found.problem:
     return found.problem
@@ -182,9 +196,10 @@ def loopback_problem(library: str | None = None) -> str | None:
   except subprocess.TimeoutExpired:
     return f'the preload probe did not finish in {_PROBE_TIMEOUT_S} s'
   got = probe.stdout.split()
-  if probe.returncode != 0 or got != ['127.0.0.1', '::ffff:127.0.0.1']:
+  if probe.returncode != 0 or got != ['127.0.0.1', '::ffff:127.0.0.1', 'accepted']:
     return (f'{sys.executable} with {found.path} preloaded bound a wildcard to '
-            f'{got or "nothing"} ({" ".join(probe.stderr.split())[-300:]})')
+            f'{got[:2] or "nothing"}, and its own connection: {got[2:] or "none"} '
+            f'({" ".join(probe.stderr.split())[-300:]})')
   return None
 
 
@@ -207,8 +222,9 @@ def choose_isolation(mechanisms: Sequence[str] = MECHANISMS,
       problem = loopback_problem(library)
       if problem is None:
         return Isolation('loopback', '; '.join(
-            problems + ['servers bound to loopback by an LD_PRELOAD interposer: any '
-                        'local user of this host can connect to them']))
+            problems + ['servers bound to loopback by an LD_PRELOAD interposer, which '
+                        'refuses connections from other uids at accept; processes of '
+                        'this uid can connect, as they could enter a namespace of it']))
     problems.append(f'{mechanism}: {problem}')
   return Isolation(None, '; '.join(problems))
 
@@ -234,6 +250,15 @@ def preload_active() -> bool:
     return hasattr(ctypes.CDLL(None), 'seedacme_loopback_bind_active')
   except OSError:
     return False
+
+
+def refused_connections() -> int | None:
+  """How many connections the interposer has refused in this process (another uid, or
+  no owner found); None when it is not loaded."""
+  try:
+    return ctypes.c_ulong.in_dll(ctypes.CDLL(None), 'seedacme_loopback_refusals').value
+  except (OSError, ValueError):
+    return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ There a real `reverb.Server` and `courier.Server` run with and without the prelo
 it they listen on loopback only (read from the kernel), clients on localhost:port work
 and the non-loopback address refuses; without it the same servers listen on the
 wildcard, which is what makes these assertions able to fail.
+
+The accept filter (another uid refused) needs a second uid: as root (the sandbox), a
+client is started as root and drops to uid 65534 (setresuid) once its imports are done,
+since that uid cannot read the interpreter's files here; elsewhere those tests skip,
+naming why. Each runs the same server without the preload too, where the other uid is
+served. Own-uid and Unix connections, and a peer gone before the lookup, need no root.
 """
 
 import functools
@@ -17,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -225,7 +232,7 @@ def test_reverb_and_courier_listen_on_loopback_only_with_the_preload(library, tm
   mechanism, reason = got['choice']
   assert mechanism == 'loopback', got['choice']
   assert reason.startswith('namespace: no private network namespace'), reason
-  assert 'any local user' in reason
+  assert 'refuses connections from other uids at accept' in reason
   assert got['namespace_only'][0] is None and 'namespace:' in got['namespace_only'][1]
 
   for run in ('preload', 'plain'):  # both servers answered clients on localhost:port
@@ -374,3 +381,334 @@ def test_listening_sockets_reads_addresses_as_the_kernel_prints_them():
       s.close()
   assert isolation.is_loopback('::ffff:127.0.0.1') and not isolation.is_loopback('::')
   assert not isolation.is_loopback('::ffff:10.0.0.1') and isolation.is_loopback('127.3.0.1')
+
+
+# ---------------------------------------------------------------------------------------
+# The accept filter: only the run's own uid is served.
+
+STRANGER = 65534
+
+# Drops to uid argv[N] (started as root) after the imports above it are done.
+_DROP = r"""
+def drop(uid):
+  if uid != os.geteuid():
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+"""
+
+
+@pytest.fixture
+def needs_root():
+  """Another uid's client: root runs it (as the sandbox does); elsewhere, skip."""
+  if os.geteuid() != 0:
+    pytest.skip('a client of another uid needs root here (setresuid to 65534)')
+
+
+# An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
+# SETTINGS frame (type 4) first.
+_GRPC_CLIENT = _DROP + r"""
+import json, os, socket, sys
+import courier, reverb
+drop(int(sys.argv[1]))
+servers = json.loads(sys.stdin.readline())  # {'preload': {'reverb': port, ...}, ...}
+PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+def raw(port):
+  c = socket.create_connection(('127.0.0.1', port), timeout=10)
+  got, end = b'', 'open'
+  try:
+    c.sendall(PREFACE)
+    while len(got) < 9:
+      more = c.recv(64)
+      if not more:
+        end = 'closed'
+        break
+      got += more
+  except OSError as e:
+    end = type(e).__name__
+  c.close()
+  return {'frame_type': got[3] if len(got) >= 4 else None, 'end': end}
+
+out = {'uid': os.geteuid()}
+for name, ports in servers.items():
+  got = {'reverb_raw': raw(ports['reverb']), 'courier_raw': raw(ports['courier'])}
+  try:
+    got['courier_ping'] = courier.Client(f'localhost:{ports["courier"]}',
+                                         call_timeout=3).ping()
+  except Exception:  # pylint: disable=broad-except
+    got['courier_ping'] = 'error'
+  try:
+    got['reverb_info'] = sorted(reverb.Client(f'localhost:{ports["reverb"]}')
+                                .server_info(timeout=3))
+  except Exception:  # pylint: disable=broad-except
+    got['reverb_info'] = 'error'
+  out[name] = got
+print(json.dumps(out), flush=True)
+"""
+
+# Both servers (preloaded and not) and both clients start at once (their imports are the
+# slow part); the stranger's client goes first, then ours: the preloaded servers still
+# serve after refusing.
+_GRPC_DRIVER = r"""
+import json, os, subprocess, sys
+from seedacme.runtime import isolation
+library, servers, client, stranger = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+pipes = dict(text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+started = {name: subprocess.Popen([sys.executable, '-c', servers], **pipes, env=env,
+                                  stderr=open(f'{name}.err', 'w'))
+           for name, env in (('preload', isolation.loopback_env(os.environ, library)),
+                             ('plain', dict(os.environ)))}
+clients = {uid: subprocess.Popen([sys.executable, '-c', client, uid], **pipes,
+                                 stderr=subprocess.DEVNULL)
+           for uid in (stranger, str(os.geteuid()))}
+try:
+  ready = {}
+  for name, p in started.items():
+    line = p.stdout.readline()
+    if not line:
+      sys.exit(f'the {name} servers did not start: ' + open(f'{name}.err').read()[-2000:])
+    ready[name] = json.loads(line)
+  ports = json.dumps({name: {'reverb': r['reverb'], 'courier': r['courier']}
+                      for name, r in ready.items()})
+  out = {'ready': ready}
+  for uid, p in clients.items():  # one after the other
+    out[uid] = json.loads(p.communicate(ports + '\n', timeout=120)[0])
+finally:
+  for p in [*started.values(), *clients.values()]:
+    if p.stdin and not p.stdin.closed:
+      p.stdin.close()
+  for p in [*started.values(), *clients.values()]:
+    p.wait(60)
+out['preload_stderr'] = [line for line in open('preload.err') if 'loopback_bind' in line]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.usefixtures('needs_root')
+@pytest.mark.timeout(300)
+def test_courier_and_reverb_serve_only_their_own_uid_with_the_preload(library, tmp_path):
+  # In a network namespace of its own (root: no user namespace, so uids are the host's).
+  done = subprocess.run(
+      ['unshare', '-n', 'sh', '-c', 'ip link set lo up && exec "$@"', 'sh', sys.executable,
+       '-c', _GRPC_DRIVER, library, _SERVERS, _GRPC_CLIENT, str(STRANGER)],
+      capture_output=True, text=True, timeout=280, cwd=str(tmp_path),
+      env=_python_env(tmp_path), stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = json.loads(done.stdout.strip().splitlines()[-1])
+  assert got['ready']['preload']['active'] and not got['ready']['plain']['active']
+  ours, stranger = got[str(os.geteuid())], got[str(STRANGER)]
+  assert stranger['uid'] == STRANGER and ours['uid'] == os.geteuid() != STRANGER
+
+  # Preloaded: the other uid's connections are reset before a byte of HTTP/2 is served
+  # (no SETTINGS frame), and its real clients fail; ours, made afterwards, are served.
+  refused = stranger['preload']
+  for server in ('reverb_raw', 'courier_raw'):  # reset while sending or reading
+    assert refused[server]['frame_type'] is None, refused
+    assert refused[server]['end'] in ('ConnectionResetError', 'BrokenPipeError'), refused
+  assert refused['courier_ping'] == 'error' and refused['reverb_info'] == 'error'
+  served = {'reverb_raw': {'frame_type': 4, 'end': 'open'},
+            'courier_raw': {'frame_type': 4, 'end': 'open'},
+            'courier_ping': 'pong', 'reverb_info': ['q']}
+  assert ours['preload'] == served
+  # Said on stderr (rate-bounded), naming the uid, for both servers' ports.
+  lines = got['preload_stderr']
+  assert lines and all(f'owner uid {STRANGER}' in line for line in lines), lines
+  assert all(f'accept only uid {os.geteuid()}' in line for line in lines), lines
+  said_ports = {int(line.split(' to port ')[1].split()[0]) for line in lines}
+  ready = got['ready']['preload']
+  assert said_ports <= {ready['reverb'], ready['courier']} and said_ports, lines
+
+  # The same servers without the preload serve the other uid: the filter is what refused.
+  assert stranger['plain'] == served and ours['plain'] == served
+
+
+# A preloaded (or plain) Python server at uid argv[1]: each stdin line, 'blocking' or
+# 'nonblocking', is one accept(); it answers the peer's port (None: EAGAIN) and the
+# interposer's refusal count so far.
+_ACCEPTOR = _DROP + r"""
+import json, os, socket, sys
+from seedacme.runtime import isolation
+drop(int(sys.argv[1]))
+s = socket.socket(socket.AF_INET6)
+s.bind(('::', 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+for line in sys.stdin:
+  s.setblocking(line.strip() == 'blocking')
+  try:
+    c, peer = s.accept()
+    c.sendall(b'served')
+    c.close()
+    got = peer[1]
+  except BlockingIOError:
+    got = None
+  print(json.dumps({'peer': got, 'refused': isolation.refused_connections()}), flush=True)
+"""
+
+# Connects as uid argv[2] to port argv[1] once per character of argv[3] ('4': an IPv4
+# socket to 127.0.0.1, '6': an IPv6 one to ::ffff:127.0.0.1), prints the local ports once
+# all are connected, then what each connection brought within argv[4] seconds.
+_CONNECTOR = _DROP + r"""
+import json, os, socket, sys
+port, uid, families, wait = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+drop(uid)
+conns = []
+for f in families:
+  c = socket.socket(socket.AF_INET if f == '4' else socket.AF_INET6)
+  c.connect(('127.0.0.1' if f == '4' else '::ffff:127.0.0.1', port))
+  conns.append(c)
+print(json.dumps([c.getsockname()[1] for c in conns]), flush=True)
+ends = []
+for c in conns:
+  c.settimeout(wait)
+  try:
+    ends.append({b'served': 'served', b'': 'closed'}.get(c.recv(16), 'other'))
+  except ConnectionResetError:
+    ends.append('reset')
+  except socket.timeout:
+    ends.append('waiting')
+print(json.dumps(ends), flush=True)
+"""
+
+
+class _Acceptor:
+  """The acceptor child and clients of given uids connecting to it."""
+
+  def __init__(self, env, uid, tmp_path):
+    self.err = open(tmp_path / f'acceptor-{uid}.err', 'w+')
+    self.proc = subprocess.Popen([sys.executable, '-S', '-c', _ACCEPTOR, str(uid)],
+                                 env=env, text=True, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=self.err)
+    self.port = int(self.proc.stdout.readline())
+    self.env = _python_env(tmp_path)
+    self.clients = []
+
+  def connect(self, uid, families, wait=10):
+    """Starts a client; returns once all its connections are in the listen queue."""
+    client = subprocess.Popen([sys.executable, '-S', '-c', _CONNECTOR, str(self.port),
+                               str(uid), families, str(wait)], env=self.env, text=True,
+                              stdout=subprocess.PIPE)
+    self.clients.append(client)
+    return client, json.loads(client.stdout.readline())
+
+  def accept(self, mode):
+    self.proc.stdin.write(mode + '\n')
+    self.proc.stdin.flush()
+    return json.loads(self.proc.stdout.readline())
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait(10)
+    for client in self.clients:
+      client.kill()
+      client.wait(10)
+    self.err.seek(0)
+    return [line for line in self.err.read().splitlines() if 'loopback_bind' in line]
+
+
+def _ends(client):
+  return json.loads(client.communicate(timeout=30)[0])
+
+
+@pytest.mark.usefixtures('needs_root')
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('server_uid', [0, STRANGER], ids=['root-server', 'nobody-server'])
+def test_plain_accept_keeps_only_the_servers_own_uid(library, tmp_path, server_uid):
+  other = STRANGER if server_uid == 0 else 0  # root is refused too: uid, not privilege
+  acceptor = _Acceptor(isolation.loopback_env(_python_env(tmp_path), library), server_uid,
+                       tmp_path)
+  try:
+    # Blocking: the other uid's two connections (IPv4 in tcp, IPv6 in tcp6) come first
+    # in the queue; accept() skips them and returns ours.
+    stranger, _ = acceptor.connect(other, '46')
+    ours, (our_port,) = acceptor.connect(server_uid, '6')
+    assert acceptor.accept('blocking') == {'peer': our_port, 'refused': 2}
+    assert _ends(stranger) == ['reset', 'reset'] and _ends(ours) == ['served']
+
+    # Non-blocking with ours queued behind a refused one: returned, not EAGAIN (under an
+    # edge-triggered epoll, as gRPC's, it would otherwise wait for the next connection).
+    stranger, _ = acceptor.connect(other, '4')
+    ours, (our_port,) = acceptor.connect(server_uid, '4')
+    assert acceptor.accept('nonblocking') == {'peer': our_port, 'refused': 3}
+    assert _ends(stranger) == ['reset'] and _ends(ours) == ['served']
+
+    # Non-blocking with only a refused one pending: as if nothing were (EAGAIN).
+    stranger, _ = acceptor.connect(other, '6')
+    assert acceptor.accept('nonblocking') == {'peer': None, 'refused': 4}
+    assert _ends(stranger) == ['reset']
+
+    # A burst a second later: one line on stderr for it, however many were refused.
+    time.sleep(1.1)
+    stranger, _ = acceptor.connect(other, '4' * 20)
+    assert acceptor.accept('nonblocking') == {'peer': None, 'refused': 24}
+    assert _ends(stranger) == ['reset'] * 20
+  finally:
+    lines = acceptor.close()
+  counts = [int(line.split('; ')[-1].split()[0]) for line in lines]
+  assert counts[0] == 1 and 5 in counts and not set(counts) & set(range(6, 25)), lines
+  assert counts == sorted(counts), lines
+  assert all(f'owner uid {other}' in line and f'accept only uid {server_uid}' in line
+             for line in lines), lines
+
+  # The same server without the preload: the other uid is first in the queue and served.
+  acceptor = _Acceptor(_python_env(tmp_path), server_uid, tmp_path)
+  try:
+    stranger, (stranger_port,) = acceptor.connect(other, '4')
+    ours, _ = acceptor.connect(server_uid, '6', wait=1)
+    assert acceptor.accept('blocking') == {'peer': stranger_port, 'refused': None}
+    assert _ends(stranger) == ['served'] and _ends(ours) == ['waiting']
+  finally:
+    assert acceptor.close() == []
+
+
+# Runs anywhere (no second uid): own-uid TCP and Unix connections are accepted, a peer
+# gone before accept() is refused; counted with the preload, all returned without.
+_OWN = r"""
+import json, os, socket, sys
+from seedacme.runtime import isolation
+out = {}
+tcp = socket.socket(socket.AF_INET6)
+tcp.bind(('::', 0))
+tcp.listen()
+port = tcp.getsockname()[1]
+for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::ffff:127.0.0.1')):
+  c = socket.socket(family)
+  c.connect((host, port))
+  name = 'own4' if family == socket.AF_INET else 'own6'
+  out[name] = tcp.accept()[1][1] == c.getsockname()[1]
+gone = socket.create_connection(('127.0.0.1', port))
+gone.close()  # FIN: its socket leaves ESTABLISHED before we look
+tcp.setblocking(False)
+try:
+  tcp.accept()
+  out['gone'] = 'accepted'
+except BlockingIOError:
+  out['gone'] = 'EAGAIN'
+unix = socket.socket(socket.AF_UNIX)
+unix.bind(sys.argv[1])
+unix.listen()
+u = socket.socket(socket.AF_UNIX)
+u.connect(sys.argv[1])
+out['unix'] = unix.accept()[0].family == socket.AF_UNIX
+out['refused'] = isolation.refused_connections()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_own_uid_and_unix_connections_pass_and_a_peer_gone_is_refused(library, tmp_path):
+  got = {}
+  for name, env in (('preload', isolation.loopback_env(_python_env(tmp_path), library)),
+                    ('plain', _python_env(tmp_path))):
+    done = subprocess.run([sys.executable, '-S', '-c', _OWN, str(tmp_path / f'{name}.sock')],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    got[name] = (json.loads(done.stdout), done.stderr)
+  (preload, stderr), (plain, _) = got['preload'], got['plain']
+  assert preload == {'own4': True, 'own6': True, 'gone': 'EAGAIN', 'unix': True,
+                     'refused': 1}, (preload, stderr)
+  assert 'not in /proc/self/net/tcp{,6}: closed?' in stderr, stderr
+  assert stderr.count('loopback_bind') == 1, stderr
+  assert plain == {'own4': True, 'own6': True, 'gone': 'accepted', 'unix': True,
+                   'refused': None}
