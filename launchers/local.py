@@ -225,7 +225,9 @@ def launch(program, logdir: str, network: str = 'isolated'):
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
   from launchpad.launch.run_locally import launch_local_output_to_files as to_files  # pylint: disable=g-import-not-at-top
   nodes = os.path.join(logdir, 'nodes')
-  os.makedirs(nodes, exist_ok=True)
+  # Made this user's, or refused (UnsafePathError) if another user made either first.
+  for path in (logdir, nodes):
+    logdir_lib.LocalFileSystem().makedirs(path)
   os.environ['LAUNCHPAD_LOGGING_DIR'] = nodes
   # Launchpad reads that variable once, when it is first imported (a user's script
   # has imported it by now): point the module at the run's logdir as well.
@@ -253,6 +255,10 @@ def main(argv: List[str] | None = None) -> int:
     print(f'seedacme: --network host: {EXPOSURE}', file=sys.stderr)
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
+  problem = logdir_lib.local_logdir_problem(logdir)  # another user's: refused here
+  if problem:
+    print(f'seedacme: {problem}', file=sys.stderr)
+    return 2
   os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')  # before anything imports TF
 
   import launchpad as lp  # pylint: disable=g-import-not-at-top

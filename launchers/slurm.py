@@ -49,7 +49,14 @@ interpreter on a shared filesystem from a login node. A batch script an admin ca
 was the smaller dependency. The checkout and its `.venv` must be at the same path on
 every node, as the logdir (or the logdir a `gs://` bucket).
 
-Why one module of ~540 lines: the submitting side, the batch step and the tasks are
+Other users of the cluster (issue 62): each task runs from a temp dir it makes anew
+(mkdir, 0700, an unguessable name) under a $TMPDIR only the user can write into, or
+root's sticky /tmp, never under a name another user could make first; the logdir, its
+`slurm` dir and the job's files are the user's and not writable by others, or the
+launcher refuses naming their owner; and no value holding a control character (a
+newline would end an #SBATCH line) is written into the batch script.
+
+Why one module of ~700 lines: the submitting side, the batch step and the tasks are
 three processes of one protocol -- the plan file one writes and the others read.
 """
 
@@ -58,13 +65,17 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+from seedacme.runtime import owned_paths
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Ports for a job's replicas: a block of `count` in [low, high) chosen by the job id, so
@@ -79,6 +90,9 @@ SUMMARY_WAIT_S = 25.0
 SLURM_DIR = 'slurm'  # under the logdir: scripts, specs, plans, Slurm output, replica logs
 # The flags the Slurm launcher sets on the cluster launcher itself.
 OWNED = ('--cluster_spec', '--replicas', '--replica_logs', '--json')
+# What would end or break a line of the sbatch script (issue 62, item 7): C0 and C1
+# control characters, DEL, and Unicode's line and paragraph separators.
+_CONTROL = re.compile('[\x00-\x1f\x7f-\x9f\u2028\u2029]')
 
 
 def _slurm_parser() -> argparse.ArgumentParser:
@@ -139,6 +153,10 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str], obje
     except SystemExit:
       pass
     sys.exit(0)
+  for flag, value in script_values(args, rest):
+    problem = control_problem(flag, value)
+    if problem:
+      parser.error(problem)
   owned = [f for f in rest if f.split('=')[0] in OWNED or f in ('--dry_run',)]
   if owned:
     parser.error(f'{", ".join(owned)}: set by the Slurm launcher from the allocation')
@@ -160,6 +178,40 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str], obje
   except ValueError as e:
     parser.error(str(e))
   return args, rest, program
+
+
+def control_problem(name: str, value: str) -> str | None:
+  """Why `value` (of flag `name`) cannot go into the sbatch script, or None: a control
+  character would end its #SBATCH line or the command (shlex.quote keeps a newline)."""
+  m = _CONTROL.search(value)
+  if m is None:
+    return None
+  name = name if not _CONTROL.search(name) else repr(name)
+  return (f'{name} {value!r}: control character {m.group()!r} (U+{ord(m.group()):04X}) '
+          f'at position {m.start()}; a value written into the sbatch script cannot hold '
+          'one (it would end a line of the script)')
+
+
+def script_values(args: argparse.Namespace,
+                  forward: Sequence[str]) -> Iterable[Tuple[str, str]]:
+  """(flag, value) of everything the batch script is written from: the Slurm flags
+  and the forwarded program flags (a value named by its flag)."""
+  for flag in ('job_name', 'logdir', 'seeds', 'partition', 'actor_partition', 'account',
+               'time', 'gres', 'port_range'):
+    value = getattr(args, flag, None)
+    if value is not None:
+      yield f'--{flag}', str(value)
+  for value in getattr(args, 'sbatch_arg', None) or []:
+    yield '--sbatch_arg', value
+  for i, value in enumerate(forward):
+    before = forward[i - 1] if i else ''
+    if value.startswith('-'):
+      name = value.split('=')[0]
+    elif before.startswith('-') and '=' not in before:
+      name = before
+    else:
+      name = f'program argument {i + 1}'
+    yield name, value
 
 
 def parse_seeds(text: str) -> List[int]:
@@ -272,7 +324,16 @@ def seed_logdir(logdir: str, seed: int, sweep: bool) -> str:
 
 def batch_script(args: argparse.Namespace, forward: List[str], logdir: str, seed: int,
                  job_name: str, python: str = sys.executable) -> str:
-  """The sbatch script of one run: two components, then the batch step (`batch`)."""
+  """The sbatch script of one run: two components, then the batch step (`batch`).
+
+  Raises ValueError naming the value when one holds a control character (`parse_args`
+  refuses those first; this holds for callers that skip it)."""
+  values = [*script_values(args, forward), ('--job_name', job_name), ('--logdir', logdir),
+            ('the interpreter', python), ('the checkout', REPO_ROOT)]
+  for name, value in values:
+    problem = control_problem(name, value)
+    if problem:
+      raise ValueError(problem)
   local = '://' not in logdir
   out = os.path.join(logdir, SLURM_DIR, 'slurm-%j.out') if local else \
       os.path.abspath(f'{job_name}-%j.out')
@@ -305,7 +366,21 @@ def batch_script(args: argparse.Namespace, forward: List[str], logdir: str, seed
            '# spec from the allocation and starts one srun per component.',
            f'cd {shlex.quote(REPO_ROOT)}',
            f'exec {" ".join(shlex.quote(a) for a in run)}', '']
+  broken = [line for line in lines if _CONTROL.search(line)]
+  if broken:  # every value was checked above: a value this function forgot
+    raise ValueError(f'a line of the sbatch script holds a control character: '
+                     f'{broken[0]!r}')
   return '\n'.join(lines)
+
+
+def owned_subdir(root: str, *parts: str) -> str:
+  """`root/parts...`: the logdir (or the job's working dir) and each level below it
+  made (0755 under the umask) or checked to be this user's and not writable by others;
+  `UnsafePathError` names a path someone else made (`owned_paths.owned_dir`)."""
+  path = owned_paths.owned_dir(root, 0o755, purpose='logdir', own_links=True)
+  for part in parts:
+    path = owned_paths.owned_dir(os.path.join(path, part), 0o755, purpose='logdir')
+  return path
 
 
 def submit(script: str, env: Dict[str, str] | None = None) -> int:
@@ -331,9 +406,13 @@ def submit_main(argv: Sequence[str]) -> int:
       print(f'# seed {seed}: logdir {logdir}\n{script}')
       continue
     if '://' not in logdir:
-      os.makedirs(os.path.join(logdir, SLURM_DIR), exist_ok=True)
-      with open(os.path.join(logdir, SLURM_DIR, 'batch.sh'), 'w') as f:
-        f.write(script)
+      try:
+        slurm_dir = owned_subdir(args.logdir, *([f'seed_{seed}'] if sweep else []),
+                                 SLURM_DIR)
+        owned_paths.replace_file(os.path.join(slurm_dir, 'batch.sh'), script)
+      except (owned_paths.UnsafePathError, OSError) as e:
+        print(f'slurm: {e}', file=sys.stderr)
+        return 2
     try:
       job = submit(script)
     except (RuntimeError, FileNotFoundError) as e:
@@ -438,8 +517,11 @@ def batch_main(argv: Sequence[str]) -> int:
     return 2
   local = '://' not in args.logdir
   # The job's files: on the shared logdir, or (a bucket) in the job's working dir.
-  jobdir = os.path.join(args.logdir if local else os.getcwd(), SLURM_DIR, f'job-{job}')
-  os.makedirs(jobdir, exist_ok=True)
+  try:
+    jobdir = owned_subdir(args.logdir if local else os.getcwd(), SLURM_DIR, f'job-{job}')
+  except (owned_paths.UnsafePathError, OSError) as e:
+    print(f'slurm batch: {e}', file=sys.stderr)
+    return 2
   nodes = allocation_hosts(env, addresses=list)  # each task's node name, for people
   plan = {'job': job, 'restart_count': int(restarts), 'spec': spec, 'tasks': assignment,
           'hosts': hosts, 'nodes': nodes, 'forward': [*forward, '--logdir', args.logdir, '--seed',
@@ -447,8 +529,7 @@ def batch_main(argv: Sequence[str]) -> int:
           (['--accelerator', 'gpu'] if args.gres and 'gpu' in args.gres and
            '--accelerator' not in forward else [])}
   plan_file = os.path.join(jobdir, f'plan-{restarts}.json')
-  with open(plan_file, 'w') as f:
-    json.dump(plan, f, indent=1)
+  owned_paths.replace_file(plan_file, json.dumps(plan, indent=1))
   print(f'slurm batch: job {job} (start {int(restarts) + 1}): cluster spec '
         f'{json.dumps(spec)}', flush=True)
 
@@ -495,9 +576,10 @@ TASK_TMP_PREFIX = 'seedacme-slurm-'
 
 def remove_stale_task_dirs(base: str, alive=None) -> List[str]:
   """Removes the temp dirs of tasks that ended without removing theirs (SIGKILLed: a
-  lost node's slurmstepd, a KillWait exceeded): a dir whose `pid` file names a process
-  that no longer runs. Each task sweeps its node's on start, so at most one task's dir
-  outlives it per node until the next task there. Returns the dirs removed."""
+  lost node's slurmstepd, a KillWait exceeded): a dir of this user's whose `pid` file
+  names a process that no longer runs. Each task sweeps its node's on start, so at most
+  one task's dir outlives it per node until the next task there. Never a symlink, nor
+  anything another uid made (however it is named). Returns the dirs removed."""
   alive = alive or (lambda pid: os.path.exists(f'/proc/{pid}'))
   removed = []
   try:
@@ -507,15 +589,55 @@ def remove_stale_task_dirs(base: str, alive=None) -> List[str]:
   for name in names:
     path = os.path.join(base, name)
     try:
-      with open(os.path.join(path, 'pid')) as f:
+      st = os.lstat(path)
+      if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        continue  # a symlink, a file, or not ours: leave it
+      fd = os.open(os.path.join(path, 'pid'), os.O_RDONLY | os.O_NOFOLLOW)
+      with os.fdopen(fd) as f:
         pid = int(f.read().strip())
-      if os.stat(path).st_uid != os.getuid() or alive(pid):
+      if alive(pid):
         continue
     except (OSError, ValueError):
-      continue  # no pid file yet (a task starting) or not ours: leave it
-    subprocess.run(['rm', '-rf', path], check=False)
+      continue  # no pid file yet (a task starting): leave it
+    shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
     removed.append(path)
   return removed
+
+
+def task_temp_base(environ: Dict[str, str]) -> Tuple[str | None, List[str]]:
+  """(where a task makes its temp dir, why the places before it were passed over):
+  $TMPDIR, else /tmp; the first without '_' (Launchpad 0.5.0's executables need that)
+  that only this user can write into, or that is root's and sticky (/tmp)."""
+  passed = []
+  for base in dict.fromkeys([environ.get('TMPDIR') or '/tmp', '/tmp']):
+    problem = (f'{base} contains "_" (Launchpad 0.5.0 cannot build there)' if '_' in base
+               else owned_paths.base_problem(base))
+    if problem is None:
+      return base, passed
+    passed.append(problem)
+  return None, passed
+
+
+def make_task_dir(environ: Dict[str, str], job: str, component: int, task: int,
+                  note=lambda text: None) -> str:
+  """The task's own temp dir (the pools' copied code is built and run there):
+  `<base>/seedacme-slurm-<job>-<component>-<task>-<16 hex digits>`, made anew (mkdir,
+  0700; no '_', which Launchpad 0.5.0's executables need) under a base no one else can
+  replace it in (`task_temp_base`), with its `pid` file (for `remove_stale_task_dirs`).
+  Never a name another user of the node could make first (issue 62: a planted dir or
+  `pid` symlink). Raises `UnsafePathError` when no base will do; `note` hears why
+  $TMPDIR was passed over."""
+  base, passed = task_temp_base(environ)
+  if base is None:
+    raise owned_paths.UnsafePathError(
+        f'no temp dir only this user can write into: {"; ".join(passed)}. Set TMPDIR '
+        'to a directory of your own without "_"')
+  if passed:
+    note(f'temp dir under {base}, not {passed[0]}')
+  remove_stale_task_dirs(base)
+  tmp = owned_paths.private_tempdir(base, f'{TASK_TMP_PREFIX}{job}-{component}-{task}-')
+  owned_paths.write_private(os.path.join(tmp, 'pid'), str(os.getpid()))
+  return tmp
 
 
 def task_main(argv: Sequence[str]) -> int:
@@ -544,20 +666,16 @@ def task_main(argv: Sequence[str]) -> int:
   spec_file = os.path.join(jobdir, 'cluster_spec.json')
   if not os.path.exists(spec_file):
     try:
-      with open(f'{spec_file}.{component}.{task}', 'w') as f:
-        json.dump(spec, f)
-      os.replace(f'{spec_file}.{component}.{task}', spec_file)
+      owned_paths.replace_file(spec_file, json.dumps(spec))
     except OSError:
       pass
-  # A temp dir of the task's own, without '_' (Launchpad 0.5.0's executables need that),
-  # removed after: the pools' copied code is built there.
-  base = os.environ.get('TMPDIR', '/tmp')
-  base = base if '_' not in base else '/tmp'
-  remove_stale_task_dirs(base)
-  tmp = os.path.join(base, f'{TASK_TMP_PREFIX}{plan["job"]}-{component}-{task}')
-  os.makedirs(tmp, exist_ok=True)
-  with open(os.path.join(tmp, 'pid'), 'w') as f:
-    f.write(str(os.getpid()))
+  where = f'slurm task {component}.{task} on {node}'
+  try:
+    tmp = make_task_dir(os.environ, plan['job'], component, task,
+                        note=lambda text: print(f'{where}: {text}', flush=True))
+  except (owned_paths.UnsafePathError, OSError) as e:
+    print(f'{where}: {e}', file=sys.stderr, flush=True)
+    return 2
   env = dict(os.environ, TMPDIR=tmp)
   command = [sys.executable, '-m', 'seedacme.launchers.cluster', *plan['forward'],
              '--cluster_spec', json.dumps(spec), '--replicas', ','.join(replicas),
@@ -570,9 +688,10 @@ def task_main(argv: Sequence[str]) -> int:
       child.send_signal(signum)
   signal.signal(signal.SIGTERM, forward)
   signal.signal(signal.SIGINT, forward)
-  code = child.wait()
-  subprocess.run(['rm', '-rf', tmp], check=False)
-  return code
+  try:
+    return child.wait()
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

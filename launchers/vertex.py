@@ -34,6 +34,7 @@ import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme import envs
 from seedacme.launchers import emulation
 from seedacme.launchers.program_flags import ProgramArgsError, add_program_args, make_program_inputs
+from seedacme.runtime import owned_paths
 
 REPO_ROOT = emulation.REPO_ROOT
 # Launchpad 0.5.0's `to_docker_executables` builds on python:<the launching Python>.
@@ -261,7 +262,7 @@ def xm_resources(pools: List[WorkerPool]) -> Dict[str, object]:
   """
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from xmanager import xm  # pylint: disable=g-import-not-at-top
-  joined = tempfile.mkdtemp(prefix='seedacmereqs')
+  joined = owned_paths.private_tempdir(prefix='seedacmereqs')
   atexit.register(shutil.rmtree, joined, ignore_errors=True)
   resources = {}
   for pool in pools:
@@ -282,8 +283,9 @@ CODE = emulation.PACKAGES + ('setup.py', 'requirements')
 
 
 def stage_code_directory() -> str:
-  """A temp dir with only the code a container needs (removed at exit)."""
-  staged = tempfile.mkdtemp(prefix='seedacmecode')
+  """A temp dir with only the code a container needs (removed at exit): 0700 under a
+  temp dir no other user can replace it in (`UnsafePathError` otherwise)."""
+  staged = owned_paths.private_tempdir(prefix='seedacmecode')
   atexit.register(shutil.rmtree, staged, ignore_errors=True)
   for name in CODE:
     src = os.path.join(REPO_ROOT, name)
@@ -299,12 +301,20 @@ def temp_dir_error() -> str | None:
   """Why Launchpad cannot build executables under this temp dir, or None.
 
   Launchpad 0.5.0's `to_docker_executables` draws temp dirs until one has no '_'
-  (Vertex rejects it): under a TMPDIR containing '_' it would loop forever.
+  (Vertex rejects it): under a TMPDIR containing '_' it would loop forever. The staged
+  code and the executables are run from there, so the temp dir must also be one no
+  other user can replace them in: this user's and not writable by others, or root's
+  and sticky (/tmp) (`owned_paths.base_problem`).
   """
-  if '_' not in tempfile.gettempdir():
-    return None
-  return (f'the temp dir {tempfile.gettempdir()!r} contains "_", which Launchpad 0.5.0 '
-          f'cannot use for Vertex executables; set TMPDIR to a path without "_"')
+  base = tempfile.gettempdir()
+  if '_' in base:
+    return (f'the temp dir {base!r} contains "_", which Launchpad 0.5.0 cannot use for '
+            'Vertex executables; set TMPDIR to a path without "_"')
+  problem = owned_paths.base_problem(base)
+  if problem:
+    return (f'the temp dir {problem}: other users could replace the code run from it; '
+            'set TMPDIR to a directory of your own')
+  return None
 
 
 def check_cloud_setup() -> List[str]:

@@ -33,11 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from tests.emulated_hosts import EmulatedHosts
 
-DAEMONS = ('slurmctld', 'slurmd', 'munged', 'mungekey', 'sbatch', 'nsenter')
+DAEMONS = ('slurmctld', 'slurmd', 'munged', 'mungekey', 'sbatch', 'nsenter', 'setpriv')
 LOGIN = 'ctl'  # the controller's host, where clients run
 CTLD_PORT, SLURMD_PORT = 6817, 6818
 # Before slurmd, on its host: the cgroup v1 layout slurmd's cgroup plugin probes.
@@ -194,6 +194,19 @@ class SlurmCluster:
     """A lost host: every process on it (its slurmd, slurmstepds, the job's tasks and
     their replicas) killed (SIGKILL). Returns how many processes were killed."""
     return self.hosts.kill_host(node)
+
+  def run_as(self, node: str, uid: int, argv: List[str],
+             timeout: float = 30.0) -> Tuple[int | None, str]:
+    """`argv` on `node` as `uid` (its gid too, no other groups): another user of the
+    node. Returns (exit code, None if it was killed at `timeout`; its output)."""
+    log = os.path.join(self.dir, f'as-{uid}-{node}-{time.monotonic_ns()}.out')
+    handle = self.hosts.run(node, ['setpriv', f'--reuid={uid}', f'--regid={uid}',
+                                   '--clear-groups', *argv], log=log)
+    code = self.hosts.wait(handle, timeout)
+    if code is None:
+      self.hosts.signal(handle, signal.SIGKILL)
+    with open(log, errors='replace') as f:
+      return code, f.read()
 
   def job_state(self, job: int) -> str:
     """The job's state per `squeue` ('' once it left the queue)."""

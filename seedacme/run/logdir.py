@@ -18,6 +18,14 @@ Writes a kill cannot tear:
   rename, so history is never rewritten and the upload per record stays bounded.
   Readers concatenate the segments in order (after a `progress.jsonl` of older runs).
 
+A local logdir, and every directory made in it, is this user's own and not
+group/other-writable: made so (`owned_paths.owned_dir`, 0755 under the umask), or, if it
+exists, checked to be so (a symlink of the user's to such a directory is fine);
+otherwise `UnsafePathError` names the path and its owner. A logdir another user could
+create first (under /tmp, a group-writable project directory) would let that user read
+the run's files, replace them, or plant links where the run writes (issue 62).
+Launchers ask `local_logdir_problem` before starting, to refuse in one line.
+
 Local paths use plain `open`/`os`, so that a launcher reading a local run does not
 import TensorFlow; remote ones go through `tf.io.gfile`. `register_filesystem` puts
 another implementation behind a path prefix (tests: a file system that behaves like
@@ -29,6 +37,8 @@ import os
 import re
 import uuid
 from typing import Any, Dict, List, Protocol, Tuple
+
+from seedacme.runtime import owned_paths
 
 PROGRESS = 'progress.jsonl'
 PROGRESS_PARTS = 'progress.parts'  # remote progress: numbered segments
@@ -67,7 +77,7 @@ class LocalFileSystem:
     return os.listdir(path) if os.path.isdir(path) else []
 
   def makedirs(self, path):
-    os.makedirs(path, exist_ok=True)
+    owned_paths.owned_dir(path, 0o755, own_links=True)
 
   def read(self, path):
     with open(path, 'rb') as f:
@@ -145,6 +155,15 @@ def filesystem(path: str) -> FileSystem:
     if path.startswith(prefix):
       return fs
   return LocalFileSystem() if is_local(path) else TfFileSystem()
+
+
+def local_logdir_problem(path: str) -> str | None:
+  """Why the local `path` cannot be a run's logdir, or None: None too for a remote
+  path and for one that does not exist yet (it will be made this user's)."""
+  if not is_local(path) or not os.path.lexists(path):
+    return None
+  problem = owned_paths.path_problem(path, own_links=True)
+  return f'refusing to use the logdir: {problem}' if problem else None
 
 
 def write_atomic(path: str, text: str) -> None:

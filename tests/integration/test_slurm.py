@@ -2,13 +2,14 @@
 (`tests/slurm_cluster.py`: a login host running slurmctld, three nodes each running a
 slurmd in its own network namespace at its own address, a munged of its own).
 
-One cluster serves the module, and one sweep carries the four cases, since a
+One cluster serves the module, and one sweep carries the five cases, since a
 program's start is most of a test's time (each start of the Catch program took 1-3
 minutes at load 10-16 on 2 cores): `--seeds 0-1 --requeue` submits two het jobs of
 three hosts each; seed 1 is `scancel`ed mid-run, seed 0 requeued (a preemption) at
 the same moment, resumed from its checkpoint, and run on to Catch's target; then the
-sweep is aggregated. Without Slurm installed the test skips naming the reason, unless
-SEEDACME_REQUIRE_SLURM=1.
+sweep is aggregated. All the while another user of the nodes (uid 65534) attacks the
+jobs' temp dirs (issue 62, item 1). Without Slurm installed the test skips naming the
+reason, unless SEEDACME_REQUIRE_SLURM=1.
 """
 
 import json
@@ -71,6 +72,48 @@ def _learning(logdir: str) -> bool:
   return any(r.get('learner_steps') for r in _records(logdir))
 
 
+# Another user of a node (issue 62, item 1). Before the jobs are submitted, it plants
+# every task temp dir the old `task_main` would have used for the next job ids
+# (`$TMPDIR/seedacme-slurm-<job>-<component>-<task>`, made with exist_ok): a dir of its
+# own, writable by all, whose `pid` is a symlink to a file of the job owner's.
+_PLANT = r"""
+base=$1 victim=$2 job=$3
+while [ "$job" -le "$4" ]; do
+  for task in 0-0 1-0 1-1 1-2; do
+    d="$base/seedacme-slurm-$job-$task"
+    mkdir -m 777 "$d" && ln -s "$victim" "$d/pid" || exit 1
+  done
+  job=$((job + 1))
+done
+"""
+# While the jobs run: into each temp dir a task uses, it tries to write a file, to put
+# a symlink, and to list what is there. A line per try: <dir> <try> done|refused.
+_TRY = r"""
+for d in "$@"; do
+  if touch "$d/planted"; then echo "$d write done"; else echo "$d write refused"; fi
+  if ln -s /etc/passwd "$d/x"; then echo "$d link done"; else echo "$d link refused"; fi
+  if ls "$d" > /dev/null; then echo "$d list done"; else echo "$d list refused"; fi
+done 2> /dev/null
+"""
+ATTACKER = 65534
+
+
+def _task_temp_dirs(tag: str, base: str) -> List[str]:
+  """The Slurm tasks' temp dirs under `base` (where the copied code is built and run):
+  the TMPDIR the test's processes run with."""
+  dirs = set()
+  for pid in leftover_processes(tag):
+    try:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
+        environ = [item.decode(errors='replace') for item in f.read().split(b'\0')]
+    except OSError:
+      continue
+    for item in environ:
+      if item.startswith(f'TMPDIR={base}/seedacme-slurm-'):
+        dirs.add(os.path.join(base, item[len(f'TMPDIR={base}/'):].split('/')[0]))
+  return sorted(dirs)
+
+
 def _processes_of_job(tag: str, job: int) -> List[int]:
   """The test's processes (`tag`) that belong to Slurm job `job` (its environment)."""
   needle = f'SLURM_JOB_ID={job}'.encode()
@@ -103,15 +146,27 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
   scheduler stopped it and no process of it is left on any host. (c) Seed 0 is
   requeued (a preemption): its first start's summary names Slurm, and its second start
   resumes from the checkpoint (the learner step continues). (a) Seed 0 then learns on
-  to Catch's target (0.9, the greedy evaluator's) and ends by itself. (d) `aggregate` tabulates both seeds."""
+  to Catch's target (0.9, the greedy evaluator's) and ends by itself. (d) `aggregate` tabulates both seeds.
+  (e) The nodes' TMPDIR is shared like /tmp (root's, 1777), and uid 65534 on a node
+  plants the old predictable task dirs for the coming job ids (each with a `pid`
+  symlink to a file of the job owner's), then tries to write into the temp dirs the
+  tasks use: the tasks make their own (0700, unguessable), nothing gets in, the file
+  is untouched, and the jobs train on as (a)-(d) show."""
   tag = uuid.uuid4().hex
   tmp = tmpdir_without_underscore('seedacmeslurmjob')
+  os.chmod(tmp, 0o711)  # another user reaches node_tmp through it, lists nothing
+  node_tmp = os.path.join(tmp, 'nodetmp')  # the nodes' /tmp
+  os.mkdir(node_tmp)
+  os.chmod(node_tmp, 0o1777)
+  victim = os.path.join(tmp, 'victim')  # a file of the job owner's
+  with open(victim, 'w') as f:
+    f.write('precious')
   sweep = os.path.join(tmp, 'logdir')
   logdirs = [os.path.join(sweep, f'seed_{n}') for n in (0, 1)]
   timings = {}
   started = time.monotonic()
   try:
-    env = dict(slurm.env, TMPDIR=tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
+    env = dict(slurm.env, TMPDIR=node_tmp, HOME=str(tmp_path), **{TAG_VAR: tag})
 
     def context() -> str:
       text = [slurm.run(['squeue'], check=False)]
@@ -123,6 +178,12 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
               text.append(f.read()[-3000:])
       return '\n'.join(text)
 
+    # (e) Job ids are predictable (this cluster's first jobs): planted for 1-12.
+    planted_ids = (1, 12)
+    code, out = slurm.run_as(slurm.nodes[1], ATTACKER, [
+        'sh', '-c', _PLANT, 'sh', node_tmp, victim, *map(str, planted_ids)])
+    assert code == 0, out
+    planted = sorted(os.listdir(node_tmp))
     submitted = subprocess.run(slurm.client(
         [os.path.join(REPO, 'scripts', 'run_slurm'), 'catch', 'vtrace', '2', '8',
          '--logdir', sweep, '--seeds', '0-1', '--actor_nodes', '2', '--requeue',
@@ -133,6 +194,7 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
     assert submitted.returncode == 0, submitted.stderr
     jobs = [int(part.split()[0]) for part in submitted.stdout.split('submitted job ')[1:]]
     assert len(jobs) == 2, submitted.stdout
+    assert all(planted_ids[0] <= j <= planted_ids[1] for j in jobs), (jobs, planted_ids)
     assert f'squeue -j {jobs[0]},{jobs[1]}' in submitted.stdout, submitted.stdout
     assert sweep in submitted.stdout and 'aggregate' in submitted.stdout
 
@@ -140,6 +202,11 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
     # KillWait; Slurm starts it again): its target, the greedy evaluator's, is one it
     # cannot reach this soon. (b) Seed 1 scancel'ed at its first checkpoint.
     _wait_for('learning', lambda: _learning(logdirs[0]), 400, context)
+    # (e) While seed 0 learns, the other user tries the temp dir of every task it finds.
+    in_use = _task_temp_dirs(tag, node_tmp)
+    code, out = slurm.run_as(slurm.nodes[1], ATTACKER, ['sh', '-c', _TRY, 'sh', *in_use])
+    attempts = [line.rsplit(' ', 2) for line in out.splitlines()]
+    in_use_stat = {d: os.lstat(d) for d in in_use}
     step = _wait_for('a checkpoint', lambda: checkpointed_learner_step(logdirs[0]), 60,
                      context)
     timings['seed0_checkpoint'] = time.monotonic() - started
@@ -224,6 +291,10 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
         timeout=120, check=False)
     with open(os.path.join(sweep, 'aggregate.json')) as f:
       table = json.load(f)
+    with open(victim) as f:
+      victim_after = f.read()
+    planted_after = {name: os.lstat(os.path.join(node_tmp, name)).st_uid
+                     for name in planted if os.path.lexists(os.path.join(node_tmp, name))}
   finally:
     leftovers = leftover_processes(tag)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -231,6 +302,20 @@ def test_sweep_across_hosts_scancel_requeue_resume_to_target_and_aggregate(slurm
   print('timings', {k: round(v) for k, v in timings.items()})
   print(aggregated.stdout)
   assert not leftovers, leftovers
+  # (e) The other user's attack: the tasks ran in temp dirs of their own (new, 0700,
+  # not a planted name), it could not get into one, the planted links were never
+  # followed (the file is as it was) and its dirs were left as they were, not used.
+  assert victim_after == 'precious', \
+      f'a file of the job owner\'s was written through a planted link: {victim_after!r}'
+  assert len(in_use) >= 3, in_use  # the learner's task and the two actor tasks
+  used = sorted(set(map(os.path.basename, in_use)) & set(planted))
+  assert not used, f'the tasks ran in dirs uid {ATTACKER} planted: {used}'
+  for d, st in in_use_stat.items():
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o7777 == 0o700, (d, oct(st.st_mode))
+    assert '_' not in d
+  assert sorted(attempts) == sorted([d, t, 'refused'] for d in in_use
+                                    for t in ('write', 'link', 'list')), out
+  assert planted_after == {name: ATTACKER for name in planted}, planted_after
   # (b) the cancelled seed: stopped as by Ctrl-C, the summary naming the scheduler.
   assert cancelled_summary['stop']['kind'] == 'stop_requested', cancelled_summary['stop']
   assert 'Slurm' in cancelled_summary['stopped_because']

@@ -3,6 +3,7 @@ allocation, ports, seeds and a sweep's aggregation (no Slurm needed)."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -233,3 +234,198 @@ def test_a_killed_tasks_temp_dir_is_removed_by_the_next_task(tmp_path):
   removed = slurm.remove_stale_task_dirs(str(tmp_path), alive=lambda pid: pid == os.getpid())
   assert removed == [str(dead)]
   assert not dead.exists() and live.exists() and starting.exists() and other.exists()
+
+
+# ---- Issue 62, item 7: no value can end a line of the sbatch script ---------------
+
+@pytest.mark.parametrize('flags, named, char', [
+    (['--job_name', 'x\n touch /tmp/pwned'], '--job_name', 'U+000A'),  # the issue's
+    (['--logdir', '/shared/runs/c\ntouch /tmp/pwned'], '--logdir', 'U+000A'),
+    (['--partition', 'gpu\r'], '--partition', 'U+000D'),
+    (['--account', 'lab\x00'], '--account', 'U+0000'),
+    (['--time', '1:00:00\x1b[2J'], '--time', 'U+001B'),
+    (['--gres', 'gpu:1\u2028id'], '--gres', 'U+2028'),
+    (['--sbatch_arg=--mem=4G\nid'], '--sbatch_arg', 'U+000A'),
+    (['--port_range', '20000-30000\n'], '--port_range', 'U+000A'),
+    (['--actor_partition', 'cpu\x85'], '--actor_partition', 'U+0085'),
+    (['--game', 'Pong\nid'], '--game', 'U+000A'),  # a forwarded program flag
+    (['--env_config=a=b\x7f'], '--env_config', 'U+007F'),
+])
+def test_a_control_character_in_any_value_is_refused_naming_the_flag(flags, named, char,
+                                                                     capsys):
+  with pytest.raises(SystemExit) as e:
+    slurm.main(['catch', 'vtrace', '2', '--logdir', '/shared/runs/c', *flags, '--dry_run'])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert f'{named} ' in err and 'control character' in err and char in err, err
+  assert '#SBATCH' not in err
+
+
+_PRINTABLE = 'abcXYZ019 -_=:/.,@%+*?[]{}()<>|&;!#~^\'"`$\\é漢'
+_CONTROLS = '\n\r\t\x00\x0b\x0c\x1b\x7f\x85\u2028\u2029'
+
+
+def _value(rng) -> str:
+  """Shell-special printable characters; one in ten values also holds a control."""
+  text = ''.join(rng.choice(_PRINTABLE) for _ in range(rng.randint(1, 12)))
+  if rng.random() < 0.1:
+    at = rng.randint(0, len(text))
+    text = text[:at] + rng.choice(_CONTROLS) + text[at:]
+  return text
+
+
+def test_batch_script_never_writes_a_line_a_value_made(monkeypatch):
+  """For values of every character class (quotes, $, backquotes, ;, \\, controls,
+  Unicode line separators) in every field: either `batch_script` refuses, naming a
+  value with a control character, or each line of the script is one it means -- each
+  #SBATCH line one option as given, the exec line the batch step's argv as given."""
+  import argparse
+  import random
+  import shlex
+  rng = random.Random(62)
+  fields = ('account', 'time', 'gres', 'partition', 'actor_partition', 'port_range')
+  refused = written = 0
+  for _ in range(600):
+    values = {f: (_value(rng) if rng.random() < 0.7 else None) for f in fields}
+    values['port_range'] = values['port_range'] or '20000-32000'
+    args = argparse.Namespace(requeue=rng.random() < 0.5, learner_cpus=1, actor_nodes=2,
+                              actor_tasks=0, actor_cpus=1, job_name=None, logdir=None,
+                              seeds=None, sbatch_arg=[f'--{_value(rng)}'], **values)
+    forward = ['catch', 'vtrace', '2', '--game', _value(rng), '--env_config', _value(rng)]
+    logdir, name = '/' + _value(rng), _value(rng)
+    everything = [*values.values(), *args.sbatch_arg, *forward, logdir, name]
+    bad = [v for v in everything if v and re.search(f'[{_CONTROLS}]', v)]
+    if bad:
+      with pytest.raises(ValueError, match='control character'):
+        slurm.batch_script(args, forward, logdir, 3, name)
+      refused += 1
+      continue
+    written += 1
+    lines = slurm.batch_script(args, forward, logdir, 3, name).split('\n')
+    assert lines[0] == '#!/bin/bash' and lines[-1] == ''
+    options = []
+    for line in lines[1:-1]:
+      if line.startswith('#SBATCH '):
+        if line != '#SBATCH hetjob':
+          [option] = shlex.split(line[len('#SBATCH '):])  # exactly one word
+          options.append(option)
+      elif line.startswith('exec '):
+        argv = shlex.split(line)[1:]
+        assert argv[argv.index('--') + 1:] == forward
+        assert argv[argv.index('--logdir') + 1] == logdir
+      else:
+        assert line.startswith('# ') or line == f'cd {shlex.quote(slurm.REPO_ROOT)}', line
+    assert f'--job-name={name}' in options
+    for flag in ('account', 'time'):
+      if values[flag]:
+        assert options.count(f'--{flag}={values[flag]}') == 2  # both components
+    assert options.count(args.sbatch_arg[0]) == 2
+    assert sum(line.startswith('exec ') for line in lines) == 1
+    assert len(lines) == 7 + len(options) + 1  # a fixed shape: nothing added
+  assert refused > 50 and written > 50, (refused, written)
+
+
+# ---- Issue 62, item 1: a task's temp dir on a node others use ----------------------
+
+def _as_other(script: str):
+  import subprocess
+  return subprocess.run(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups',
+                         'sh', '-c', script], capture_output=True, text=True, timeout=30,
+                        check=False)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='plants as uid 65534 (setpriv)')
+
+
+@pytest.fixture
+def node_tmp():
+  """A node's /tmp: root's, world-writable, sticky (without '_', as a task needs)."""
+  import shutil
+  import tempfile
+  path = tempfile.mkdtemp(prefix='seedacmenode', dir='/tmp')
+  while '_' in path:
+    os.rmdir(path)
+    path = tempfile.mkdtemp(prefix='seedacmenode', dir='/tmp')
+  os.chmod(path, 0o1777)
+  yield path
+  shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_a_task_dir_is_new_and_private_whatever_another_uid_planted(node_tmp):
+  """Issue 62's attack: uid 65534 plants the task's old predictable dir with a `pid`
+  symlink to a file of ours. The task makes a new 0700 dir of its own instead (no '_'),
+  writes its pid there, and the file stays as it was."""
+  victim = os.path.join(node_tmp, 'victim')
+  with open(victim, 'w') as f:
+    f.write('precious')
+  old = os.path.join(node_tmp, f'{slurm.TASK_TMP_PREFIX}42-1-0')
+  planted = _as_other(f'mkdir -m 777 {old} && ln -s {victim} {old}/pid && '
+                      f'ln -s {victim} {old}-x')
+  assert planted.returncode == 0, planted.stderr
+  tmp = slurm.make_task_dir({'TMPDIR': node_tmp}, '42', 1, 0)
+  assert os.path.dirname(tmp) == node_tmp and tmp not in (old, f'{old}-x')
+  assert os.path.basename(tmp).startswith(f'{slurm.TASK_TMP_PREFIX}42-1-0-')
+  assert '_' not in tmp
+  st = os.lstat(tmp)
+  assert st.st_uid == os.geteuid() and st.st_mode & 0o7777 == 0o700
+  with open(os.path.join(tmp, 'pid')) as f:
+    assert f.read() == str(os.getpid())
+  with open(victim) as f:
+    assert f.read() == 'precious'
+  tried = _as_other(f'touch {tmp}/x 2>/dev/null && echo WROTE; '
+                    f'ln -s {victim} {tmp}/y 2>/dev/null && echo LINKED; echo TRIED')
+  assert tried.stdout.split() == ['TRIED'], tried.stdout
+  assert os.path.isdir(old) and os.path.islink(f'{old}-x')  # not ours: left alone
+
+
+@needs_root
+def test_the_task_base_is_tmpdir_only_when_no_one_else_can_replace_what_is_made_there(
+    node_tmp, tmp_path):
+  ours = os.path.join(node_tmp, 'mine')
+  os.mkdir(ours, 0o700)
+  assert slurm.task_temp_base({'TMPDIR': ours}) == (ours, [])
+  assert slurm.task_temp_base({}) == ('/tmp', [])
+  assert slurm.task_temp_base({'TMPDIR': node_tmp}) == (node_tmp, [])  # root's, sticky
+  shared = os.path.join(node_tmp, 'project')  # others write there, no sticky bit
+  os.mkdir(shared)
+  os.chmod(shared, 0o777)
+  base, passed = slurm.task_temp_base({'TMPDIR': shared})
+  assert base == '/tmp' and 'without the sticky bit' in passed[0]
+  notes = []
+  tmp = slurm.make_task_dir({'TMPDIR': shared}, '7', 0, 0, note=notes.append)
+  try:
+    assert os.path.dirname(tmp) == '/tmp' and shared in notes[0]
+  finally:
+    os.remove(os.path.join(tmp, 'pid'))
+    os.rmdir(tmp)
+  underscore = os.path.join(node_tmp, 'a_b')
+  os.mkdir(underscore, 0o700)
+  base, passed = slurm.task_temp_base({'TMPDIR': underscore})
+  assert base == '/tmp' and 'contains "_"' in passed[0]
+
+
+@needs_root
+def test_stale_task_dirs_of_others_and_links_are_never_removed(node_tmp):
+  """The sweep removes only this user's real dirs: not another uid's (named like ours,
+  its pid dead), not a symlink named like ours (to a dir of ours with a dead pid)."""
+  def task_dir(name, pid, uid=None):
+    path = os.path.join(node_tmp, f'{slurm.TASK_TMP_PREFIX}{name}')
+    os.mkdir(path, 0o700)
+    with open(os.path.join(path, 'pid'), 'w') as f:
+      f.write(str(pid))
+    if uid is not None:
+      os.chown(os.path.join(path, 'pid'), uid, uid)
+      os.chown(path, uid, uid)
+    return path
+  dead = task_dir('1-0-0-aa', 4_000_001)
+  theirs = task_dir('2-0-0-bb', 4_000_001, uid=65534)
+  target = os.path.join(node_tmp, 'kept')
+  os.mkdir(target)
+  with open(os.path.join(target, 'pid'), 'w') as f:
+    f.write('4000001')
+  link = os.path.join(node_tmp, f'{slurm.TASK_TMP_PREFIX}3-0-0-cc')
+  os.symlink(target, link)
+  removed = slurm.remove_stale_task_dirs(node_tmp, alive=lambda pid: False)
+  assert removed == [dead]
+  assert os.path.isdir(theirs) and os.path.islink(link) and os.path.isdir(target)
