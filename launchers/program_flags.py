@@ -76,7 +76,14 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('--inference_timeout_ms', type=float, default=2.0,
                       help='... or once the first waiting request is this old')
   parser.add_argument('--logdir', default=None, help=logdir_help)
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=int, default=0,
+                      help="the run's seed (>= 0): envs (by global env id), initial weights, "
+                      'action sampling and minibatch order')
+  parser.add_argument('--reproducible', action='store_true',
+                      help='the round schedule: the same command and seed give the same '
+                      'run whatever the number of actors, hosts or the load (V-trace and '
+                      'PPO, central inference; the learner batch must divide the '
+                      'training envs)')
   parser.add_argument('--game', default=None, help='Atari game (default Pong)')
   parser.add_argument('--env_engine', choices=ENGINES, default='python',
                       help="how actors step their envs: python (a loop over K envs), "
@@ -265,6 +272,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       max_env_steps=args.max_env_steps or None, target_return=args.target_return,
       target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
+      reproducible=getattr(args, 'reproducible', False),
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
@@ -281,7 +289,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
           f.strip() for item in getattr(args, 'allow_config_change', []) for f in
           item.split(',') if f.strip()))
   try:
-    config.validate()
+    config.validate(builder, factory)
   except ValueError as e:
     raise ProgramArgsError(str(e)) from e
   if config.checkpoint_interval_s and identity.is_local(logdir):

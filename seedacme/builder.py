@@ -20,6 +20,7 @@ import abc
 from typing import Any, Dict, List, Tuple
 
 from seedacme.learner.base import Learner
+from seedacme.run.schedule import RoundSchedule
 from seedacme.serving.policy import ServerPolicy
 from seedacme.trajectories.sink import ReverbSequenceSink, TrajectorySink
 from seedacme.types import EnvSpec
@@ -85,6 +86,14 @@ class SeedBuilder(abc.ABC):
     """The network the policy acts with (exported as a SavedModel)."""
     return networks
 
+  def round_schedule(self, num_train_envs: int) -> RoundSchedule:
+    """The agent's reproducible schedule with `num_train_envs` training envs
+    (`seedacme.run.schedule`, `ProgramConfig.reproducible`); raises ValueError saying
+    why there is none."""
+    raise ValueError(
+        f'agent {self.name!r} has no reproducible schedule: not yet: issue 63 Deliver 2 '
+        '(replay-ratio schedules for the off-policy agents)')
+
 
 class UnrollQueueBuilder(SeedBuilder):
   """What the on-policy agents (V-trace, PPO) share: a Reverb queue of unrolls.
@@ -93,16 +102,41 @@ class UnrollQueueBuilder(SeedBuilder):
   step; consecutive unrolls overlap by one step), with what the policy stored per step
   (`extras_signature`) and, for recurrent networks, the state the unroll started
   from. A full queue blocks inference: that bounds the policy lag and the memory.
-  Subclasses give `_network(spec)`, `extras_signature`, `make_policy` and
-  `make_learner`; their config has `unroll_length` and `queue_size`.
+  Subclasses give `_network(spec)`, `extras_signature` (with the env's id,
+  `env_id`, per step), `make_policy` and `make_learner` (its batches from
+  `make_batches`); their config has `unroll_length`, `queue_size` and `batch_size`.
+
+  In a reproducible run the central node sets `schedule` (`round_schedule`) before
+  `make_learner`: the learner then takes each round's N unrolls at once and trains on
+  them in env-id order, B at a time (`RoundBatches`).
   """
 
   table = 'unrolls'
   # Items the trajectory writer may hold while the queue is full (its own bound).
   writer_pending = 64
+  schedule: RoundSchedule | None = None  # reproducible runs: set by the central node
 
   def __init__(self, config: Any):
     self.config = config
+
+  def round_schedule(self, num_train_envs: int) -> RoundSchedule:
+    """One unroll per env per round, `batch_size` of them per learner step."""
+    return RoundSchedule(num_train_envs, self.config.unroll_length, self.config.batch_size)
+
+  def make_batches(self, replay_client: Any, **reverb_options: Any) -> Any:
+    """The learner's batches of `config.batch_size` unrolls from the queue
+    (`ReverbBatches` with `reverb_options`), or, with a `schedule`, whole rounds
+    in env-id order (`RoundBatches`: Reverb's order and prefetch do not matter)."""
+    from seedacme.trajectories import datasets  # pylint: disable=g-import-not-at-top
+    if self.schedule is None:
+      return datasets.ReverbBatches(replay_client.server_address, self.table,
+                                    self.config.batch_size, **reverb_options)
+    if self.schedule.batch_size != self.config.batch_size:
+      raise ValueError(f'{self.schedule} does not fit batch_size={self.config.batch_size}')
+    n = self.schedule.num_envs
+    return datasets.RoundBatches(
+        datasets.ReverbBatches(replay_client.server_address, self.table, n, prefetch=0,
+                               max_in_flight=n), self.schedule.batch_size)
 
   @property
   def unroll_steps(self) -> int:

@@ -71,7 +71,18 @@ class ProgramConfig:
       the greedy evaluator).
     logdir: progress.jsonl, summary.json, TensorBoard events.
     progress_interval_s: period of progress records.
-    seed: base seed of envs.
+    seed: the run seed (>= 0): env e's seed is a function of it and e only
+      (`seedacme.run.schedule.train_env_seed`), the same on any split of the envs;
+      launchers also make it the agent config's seed (action sampling, minibatches),
+      and the central node seeds TensorFlow (initial weights) with it.
+    reproducible: the round schedule (issue 63): every training env steps in rounds,
+      a round acts with the weights the learner gave for the rounds before it, and the
+      learner takes whole rounds in env-id order with TensorFlow's op determinism on,
+      so a seed names a run whatever the number of actors, hosts or the load
+      (`seedacme.run.schedule`). For the unroll-queue agents (V-trace, PPO) with
+      central inference, a learner batch that divides the training envs, and an
+      engine that sends all of an actor's envs in one request; `validate` refuses the
+      rest by name. A resume compares it (`seedacme.run.identity`).
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
@@ -149,6 +160,7 @@ class ProgramConfig:
   logdir: str = '/tmp/seedacme'
   progress_interval_s: float = 5.0
   seed: int = 0
+  reproducible: bool = False
   checkpoint_interval_s: float | None = 60.0
   export_policy: bool = True
   supervise: bool = True
@@ -209,7 +221,15 @@ class ProgramConfig:
     """Global env ids: actors' envs first, then the evaluator's."""
     return self.num_train_envs + self.num_eval_envs
 
-  def validate(self) -> None:
+  def validate(self, builder: Any = None, env_factory: Any = None) -> None:
+    """Raises ValueError naming a bad field. Given the agent's builder and the env
+    factory (`make_program` and the launchers give them), it also checks that the
+    reproducible schedule can run them (`check_reproducible`)."""
+    if not isinstance(self.reproducible, bool):
+      raise ValueError(f'reproducible must be True or False, got {self.reproducible!r}')
+    if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
+        or self.seed < 0:
+      raise ValueError(f'seed must be an int >= 0, got {self.seed!r}')
     if self.num_actors < 1:
       raise ValueError(f'num_actors must be >= 1, got {self.num_actors}')
     if self.envs_per_actor < 1:
@@ -234,3 +254,40 @@ class ProgramConfig:
       raise ValueError(f'env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}')
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')
+    if self.reproducible:
+      self.check_reproducible(builder, env_factory)
+
+  def check_reproducible(self, builder: Any = None, env_factory: Any = None) -> None:
+    """Refuses by name what the reproducible schedule cannot run yet: actor-side
+    inference, several learner devices, an agent without a round schedule (the
+    builder's `round_schedule`: R2D2 and SAC, issue 63 Deliver 2; a learner batch that
+    does not divide the training envs), and a half-batch engine (Atari's
+    'vector_async' sends half of an actor's envs per request, and a round needs every
+    env's request before it is served: the actor would wait forever)."""
+    why = 'cannot run with reproducible=True (--reproducible)'
+    if self.inference != 'central':
+      raise ValueError(
+          f"inference={self.inference!r} {why}: every actor would act with its own copy "
+          "of the weights, pulled when it pleases; use inference='central'")
+    devices = (self.learner_devices or '').strip()
+    count = int(devices) if devices.isdigit() else len([d for d in devices.split(',') if d])
+    if count > 1:
+      raise ValueError(f'learner_devices={self.learner_devices!r} {why}: a data-parallel '
+                       'learner is not yet tested to be exact; use one learner device')
+    if builder is not None:
+      round_schedule = getattr(builder, 'round_schedule', None)
+      if round_schedule is None:
+        raise ValueError(f'agent {type(builder).__name__} {why}: not yet: issue 63 '
+                         'Deliver 2')
+      try:
+        round_schedule(self.num_train_envs)
+      except ValueError as e:
+        raise ValueError(f'{why}: {e}') from e
+    if env_factory is not None:
+      from seedacme.types import Mode, factory_for  # pylint: disable=g-import-not-at-top
+      engine = getattr(factory_for(env_factory, Mode.TRAIN), 'engine', None)
+      if engine == 'vector_async':
+        raise ValueError(
+            f"env engine 'vector_async' {why}: it sends half of an actor's envs per "
+            'request, and a round is served only once every env has asked; use '
+            "--env_engine vector_sync (or python)")

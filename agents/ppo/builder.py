@@ -14,7 +14,6 @@ tf = lazy.load('tensorflow')
 acting = lazy.load('seedacme.agents.ppo.acting')
 learning = lazy.load('seedacme.agents.ppo.learning')
 networks = lazy.load('seedacme.agents.ppo.networks')
-datasets = lazy.load('seedacme.trajectories.datasets')
 
 
 def sampled_ahead(config: PPOConfig) -> int:
@@ -56,8 +55,7 @@ class PPOBuilder(builder_lib.UnrollQueueBuilder):
     return acting.PPOPolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.PPOLearner:
-    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
-                            self.config.batch_size, prefetch=0,
-                            max_in_flight=sampled_ahead(self.config))
+    batches = self.make_batches(replay_client, prefetch=0,
+                                max_in_flight=sampled_ahead(self.config))
     return learning.PPOLearner(networks_, self.config, batches,
                                item_signature=self.item_signature(spec))

@@ -10,7 +10,9 @@ Per learner step (SEED RL's policy-gradient agent, on our queue and loop):
    correction for stale unrolls; advantages again every epoch if asked);
 3. `epochs` times, shuffle and split into `num_minibatches` minibatches -- of
    transitions for a feed-forward core, of whole unrolls for an LSTM (its state must
-   run through the unroll) -- and take one Adam step on each: the decoupled objective
+   run through the unroll); the shuffles are drawn from (seed, learner step) alone
+   (`step_plan_rng`), so a resumed run has no generator state to restore -- and
+   take one Adam step on each: the decoupled objective
    (the clip centred on the proximal policy, the behaviour policy corrected by a
    truncated importance weight) or plain PPO-clip (centred on the behaviour policy);
 4. add the batch's observations to the running normalizer and set the network's
@@ -68,6 +70,12 @@ def minibatch_plan(num_items: int, epochs: int, num_minibatches: int,
           for part in np.split(rng.permutation(num_items), num_minibatches)]
 
 
+def step_plan_rng(seed: int, step: int) -> np.random.Generator:
+  """The generator of learner step `step`'s minibatch plan: a function of the agent's
+  seed and the step only."""
+  return np.random.default_rng([int(seed), int(step)])
+
+
 def adapted_learning_rate(rate: float, kl: float, target: float, factor: float,
                           bounds: Tuple[float, float]) -> float:
   """The next learning rate for a KL target (rl_games's 'adaptive' rule): divided by
@@ -122,7 +130,6 @@ class PPOLearner(BatchLearner):
     self._reward_stats = RunningNormalizer((), clip=None) if config.normalize_rewards \
         else None
     self._env_returns: Dict[int, float] = {}  # per env, the return its last unroll ended at
-    self._rng = np.random.default_rng(config.seed)
     self._prepare_fn = tf.function(self._prepare, experimental_relax_shapes=True)
     self._returns_fn = tf.function(
         lambda r, f, m, g: losses.running_returns(r, f, m, config.discount, g),
@@ -401,7 +408,8 @@ class PPOLearner(BatchLearner):
     num_unrolls = int(prepared['mask'].shape[1])
     unroll_length = int(prepared['mask'].shape[0])
     items = num_unrolls if self._recurrent else num_unrolls * unroll_length
-    plan = np.stack(minibatch_plan(items, c.epochs, c.num_minibatches, self._rng))
+    plan = np.stack(minibatch_plan(items, c.epochs, c.num_minibatches,
+                                   step_plan_rng(c.seed, int(self.num_steps.numpy()))))
     # Before any step: the proximal policy's log-probs and values, and advantages.
     advantages, returns, *proximal = self._advantages_fn(prepared)
     data = self._training_data(prepared, proximal, advantages, returns)

@@ -22,14 +22,15 @@ class VTracePolicy(TFServerPolicy):
     super().__init__(network, spec, num_envs, seed, device)
 
   def _act(self, observation, state, eval_mask, env_ids):
-    del env_ids  # Every env samples from the same policy.
+    # Every env samples from the same policy; its id is stored with its steps.
+    env_id = tf.cast(env_ids, tf.int32)
     head = getattr(self._network, 'action_head', None)
     if head is not None:
       (params, _), next_state = self._network(observation, state)
       sampled, greedy = head.sample(params, self._rng), head.mode(params)
       raw = tf.where(tf.reshape(eval_mask, [-1] + [1] * (sampled.shape.rank - 1)),
                      greedy, sampled)
-      extras = {'raw_action': raw, 'log_prob': head.log_prob(params, raw)}
+      extras = {'raw_action': raw, 'log_prob': head.log_prob(params, raw), 'env_id': env_id}
       return head.to_env(raw), extras, next_state
     (logits, _), next_state = self._network(observation, state)
     # Gumbel-max with a stateful generator: reproducible given the seed.
@@ -37,4 +38,4 @@ class VTracePolicy(TFServerPolicy):
     sampled = tf.argmax(logits - tf.math.log(-tf.math.log(u)), axis=-1,
                         output_type=tf.int32)
     action = tf.where(eval_mask, tf.argmax(logits, axis=-1, output_type=tf.int32), sampled)
-    return action, {'logits': logits}, next_state
+    return action, {'logits': logits, 'env_id': env_id}, next_state

@@ -16,7 +16,6 @@ learning = lazy.load('seedacme.agents.vtrace.learning')
 networks = lazy.load('seedacme.agents.vtrace.networks')
 distributions = lazy.load('seedacme.distributions')
 normalization = lazy.load('seedacme.normalization')
-datasets = lazy.load('seedacme.trajectories.datasets')
 
 
 class VTraceBuilder(builder_lib.UnrollQueueBuilder):
@@ -43,11 +42,13 @@ class VTraceBuilder(builder_lib.UnrollQueueBuilder):
 
   def extras_signature(self, spec: EnvSpec, network) -> Dict[str, Any]:
     """The behaviour policy per step: logits, or the continuous head's raw sample and
-    its log-probability (agents/vtrace/acting.py)."""
+    its log-probability (agents/vtrace/acting.py); and the env's id, by which a
+    reproducible run orders each round's unrolls (`RoundBatches`)."""
+    env_id = {'env_id': tf.TensorSpec((), tf.int32)}
     if spec.continuous:
       return {'raw_action': network.action_head.raw_spec,
-              'log_prob': tf.TensorSpec((), tf.float32)}
-    return {'logits': tf.TensorSpec((spec.num_actions,), tf.float32)}
+              'log_prob': tf.TensorSpec((), tf.float32), **env_id}
+    return {'logits': tf.TensorSpec((spec.num_actions,), tf.float32), **env_id}
 
   def make_policy(self, networks_, spec: EnvSpec, num_train_envs: int,
                   num_envs: int) -> acting.VTracePolicy:
@@ -55,7 +56,6 @@ class VTraceBuilder(builder_lib.UnrollQueueBuilder):
     return acting.VTracePolicy(networks_, spec, num_envs, seed=self.config.seed)
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.VTraceLearner:
-    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
-                            self.config.batch_size)
+    batches = self.make_batches(replay_client)
     return learning.VTraceLearner(networks_, self.config, batches,
                                   item_signature=self.item_signature(spec))

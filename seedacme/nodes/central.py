@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 from absl import logging
 import numpy as np
+import tensorflow as tf
 
 from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
@@ -59,7 +60,7 @@ from seedacme.serving.tf_policy import inference_device
 from seedacme.serving.shm_server import ShmServer
 from seedacme.types import EnvSpec, Mode
 from seedacme.wire.protocol import InvalidRequestError
-from seedacme.wire.reports import POLICY_VARIABLES
+from seedacme.wire.reports import check_variable_names
 
 # How long a node that asked the launcher to stop the program keeps serving, waiting
 # for its own stop signal (actors are not left retrying against a closed server).
@@ -107,6 +108,15 @@ class CentralNode:
     split_cpu(config.logical_cpus)  # before TF lists its devices
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
     startup.mark('learner', 'devices')
+    # The run seed fixes the initial weights (Sonnet's initializers draw from TF's
+    # global seed: two starts of a run built two networks). A reproducible run also
+    # makes every op deterministic (probed in TF 2.8.4 on CPU: V-trace and PPO steps,
+    # the XLA batch step, Reverb datasets) and trains on whole rounds in env-id order
+    # (the builder's `schedule`: seedacme.run.schedule, RoundBatches).
+    tf.random.set_seed(config.seed)
+    if config.reproducible:
+      tf.config.experimental.enable_op_determinism()
+      builder.schedule = builder.round_schedule(config.num_train_envs)
     placed = place_networks(builder, spec, config)
     self.placement, learner_devices = placed.placement, placed.learner_devices
     self._networks, self._inference_networks = placed.learner, placed.inference
@@ -124,7 +134,8 @@ class CentralNode:
     # Every actor reports env faults; with central inference, nothing else.
     self.intake = ReportIntake(self.acting, config.envs_per_actor,
                                faults_only=self.server is not None,
-                               num_envs=config.num_envs)
+                               num_envs=config.num_envs, num_eval_envs=config.num_eval_envs,
+                               max_abs_reward=spec.max_abs_reward)
     serving = self.server if self.server is not None else self.intake
     with learner_devices.activate():
       self.learner = builder.make_learner(self._networks, replay, spec)
@@ -191,12 +202,10 @@ class CentralNode:
     return dict(self.monitor.last_record)
 
   def get_variables(self, names: Sequence[str]) -> List[List[np.ndarray]]:
-    """Acme's `VariableSource`: the policy's parameters, for actor-side inference."""
-    unknown = [n for n in names if n != POLICY_VARIABLES]
-    if unknown:
-      raise ValueError(f'unknown variable collections {unknown}; the central node '
-                       f'serves {POLICY_VARIABLES!r}')
-    return [[v.numpy() for v in self._policy_variables] for _ in names]
+    """Acme's `VariableSource`: the policy's parameters, for actor-side inference;
+    each collection once (`check_variable_names` bounds the request and the reply)."""
+    return [[v.numpy() for v in self._policy_variables]
+            for _ in check_variable_names(names)]
 
   def report_acting(self, report: Dict[str, Any]) -> None:
     """Progress from an actor that runs its own inference (`inference='actor'`); env

@@ -30,6 +30,7 @@ from seedacme.config import ProgramConfig
 from seedacme.nodes.central_process import SupervisedCentralNode
 from seedacme.nodes.replay import ReplayNode
 from seedacme.run import identity
+from seedacme.run.schedule import eval_env_seed, train_env_seed
 from seedacme.runtime.supervisor import run_supervised
 from seedacme.types import EnvFactories, EnvFactory, EnvSpec, Mode, factory_for
 
@@ -69,7 +70,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
     stop_program: called by the central node when the budget is reached
       (`lp.make_program_stopper(launch_type)`, created in the launching process).
   """
-  config.validate()
+  config.validate(builder, env_factory)
   builder.check_spec(spec)
   # The env a resume compares (seedacme.run.identity): the factory's own, so a
   # launcher's program and one composed in Python record the same kind.
@@ -119,16 +120,20 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
       return lp.PyNode(target, **kwargs)
     return lp.PyClassNode(EnvActor, **kwargs)
 
+  # Env e's seed is the run seed's block + e on any split (engines add the slot);
+  # the evaluator's envs have a range of their own (seedacme.run.schedule).
   with program.group('actor'):
     for i in range(config.num_actors):
+      first = i * config.envs_per_actor
       program.add_node(actor_node(
           f'actor/{i}', actor_id=i, num_envs=config.envs_per_actor,
-          first_env_id=i * config.envs_per_actor, seed=config.seed + 1000 * i))
+          first_env_id=first, seed=train_env_seed(config.seed, first)))
   if config.num_eval_envs:
     with program.group('evaluator'):
       program.add_node(actor_node(
           'evaluator/0', actor_id=0, num_envs=config.num_eval_envs,
-          first_env_id=config.num_train_envs, mode=Mode.EVAL, seed=config.seed + 10**6,
+          first_env_id=config.num_train_envs, mode=Mode.EVAL,
+          seed=eval_env_seed(config.seed, 0),
           eval_interval_s=config.eval_interval_s, eval_episodes=config.eval_episodes))
   return program
 

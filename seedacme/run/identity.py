@@ -39,6 +39,10 @@ What is compared, and why:
   envs are stepped, not which envs (the engine, its threads: a dataclass factory's
   fields with `metadata={'run_identity': False}`), are left out.
 - `seed`: a seed sweep's runs differ only by it.
+- `reproducible` and, with it, the number of training envs (`num_train_envs`: the
+  rounds and seeds of `seedacme.run.schedule`), recorded only by a reproducible run:
+  a resume may not switch between schedules, nor change N (another split of the same
+  N envs is the same run).
 Not compared: budgets and targets (a resume may extend them; but PPO with
 `anneal_to_budget` derives its learning-rate decay steps from `--max_env_steps`, so a
 resume with another budget changes `agent_config.learning_rate_decay_steps` and is
@@ -334,6 +338,10 @@ def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
       'env_factory': config.env_factory_identity,
       'env_spec': dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else repr(spec),
       'seed': config.seed,
+      # Only a reproducible run records its schedule: a checkpoint saved before the
+      # field (or by a run without it) still resumes, and a resume may not switch it.
+      **({'reproducible': True, 'num_train_envs': config.num_train_envs}
+         if getattr(config, 'reproducible', False) else {}),
   })
 
 

@@ -23,16 +23,22 @@ iterator and tf.data hands over the items it had (a partial batch: seen with a q
 fed in bursts, each actor's round of unrolls at once). Those are kept and completed
 from the next batch: a learner handed a partial batch retraced its step for the new
 shape and trained on a batch of another size, and dropping them would lose data.
+
+A reproducible run (`seedacme.run.schedule`) trains on rounds: `RoundBatches` takes a
+round's N unrolls (one per training env) at once, checks that their env ids are
+exactly 0..N-1, and hands them out in env-id order, B at a time. So the order in which
+the writer inserted them, and Reverb's sampler, decide nothing.
 """
 
 import functools
 import queue
 import threading
 import time
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, List, Tuple
 
 from absl import logging
 
+import numpy as np
 import reverb
 import tensorflow as tf
 
@@ -242,3 +248,70 @@ class ReverbBatches:
       self._down_since = time.monotonic()
       logging.warning('Reverb server %s unreachable while sampling %r (%s); retrying',
                       self._server_address, self._table, reason)
+
+
+class RoundOrderError(RuntimeError):
+  """A round's unrolls are not one per training env (one lost, one twice, one from
+  another round): the run would no longer be the run its seed names."""
+
+
+class RoundBatches:
+  """Whole rounds of unrolls, in env-id order, `batch_size` at a time.
+
+  `rounds` gives batches of a round's N unrolls (a `ReverbBatches` of N items with
+  each item's `env_id` per step); `next` takes one, sorts it by env id and returns its
+  N / `batch_size` batches in order, one per call (None while no round is there).
+  """
+
+  def __init__(self, rounds: Any, batch_size: int):
+    if batch_size < 1:
+      raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+    self._rounds = rounds
+    self._batch_size = batch_size
+    self._pending: List[Any] = []  # the current round's batches not yet handed out
+    self.rounds = 0  # rounds taken
+
+  @property
+  def partial_batches(self) -> int:
+    return self._rounds.partial_batches
+
+  def close(self) -> None:
+    self._rounds.close()
+
+  def next(self) -> Any | None:
+    """The next batch of the current round, or None (no whole round yet)."""
+    if not self._pending:
+      data = self._rounds.next()
+      if data is None:
+        return None
+      self._pending = self._split(data)
+      self.rounds += 1
+    return self._pending.pop(0)
+
+  def _split(self, data: Any) -> List[Any]:
+    """A round's batches: its unrolls sorted by env id, checked, `batch_size` each."""
+    if not isinstance(data, dict) or 'env_id' not in data:
+      raise RoundOrderError('a round\'s unrolls carry no env_id: the agent must store '
+                            'it per step (its extras_signature)')
+    ids = np.asarray(data['env_id'])
+    size = ids.shape[0]
+    if ids.ndim != 2 or not (ids == ids[:, :1]).all():
+      raise RoundOrderError(f'env_id of shape {ids.shape} is not one id per unroll '
+                            '([N, T+1], one value along each row)')
+    if size % self._batch_size:
+      raise RoundOrderError(f'a round of {size} unrolls does not split into batches of '
+                            f'{self._batch_size}')
+    ids = ids[:, 0]
+    if not np.array_equal(np.sort(ids), np.arange(size)):
+      counts = np.bincount(ids[(ids >= 0) & (ids < size)], minlength=size)
+      missing = np.flatnonzero(counts == 0).tolist()
+      twice = np.flatnonzero(counts > 1).tolist()
+      outside = sorted(set(ids[(ids < 0) | (ids >= size)].tolist()))
+      raise RoundOrderError(
+          f'round {self.rounds}: its {size} unrolls are not one per env 0..{size - 1} '
+          f'(missing {missing[:16]}, twice {twice[:16]}, outside {outside[:16]})')
+    order = tf.constant(np.argsort(ids, kind='stable'))
+    data = tf.nest.map_structure(lambda x: tf.gather(x, order), data)
+    b = self._batch_size
+    return [tf.nest.map_structure(lambda x, i=i: x[i * b:(i + 1) * b], data)
+            for i in range(size // b)]

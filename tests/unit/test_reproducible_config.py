@@ -1,0 +1,97 @@
+"""`--reproducible` (`ProgramConfig.reproducible`, issue 63): what it accepts, what it
+refuses by name before anything starts, and that a resume may not switch it.
+
+Checked on what the launcher's flags resolve to (`program_flags.make_program_inputs`)
+and on `ProgramConfig.validate` with the agent and env factory `make_program` gives it.
+"""
+
+import pytest
+
+from seedacme import envs
+from seedacme.agents import vtrace
+from seedacme.config import ProgramConfig
+from seedacme.envs.registry import AtariFactory
+from seedacme.launchers import local, program_flags
+from seedacme.run import identity
+from seedacme.types import EnvSpec
+
+SPEC = EnvSpec((10, 5), 'float32', 3)
+
+
+def _inputs(argv, tmp_path):
+  args = local.parse_args([*argv, '--checkpoint_interval_s', '0'])
+  return program_flags.make_program_inputs(args, str(tmp_path))
+
+
+@pytest.mark.parametrize('argv', [
+    ['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16'],
+    ['catch', 'vtrace', '4', '4', '--agent_config', 'batch_size=8'],
+    ['cartpole', 'ppo', '2', '8'],
+])
+def test_the_flag_makes_a_reproducible_run_of_an_unroll_queue_agent(argv, tmp_path):
+  *_, builder, config = _inputs([*argv, '--reproducible'], tmp_path)
+  assert config.reproducible is True
+  schedule = builder.round_schedule(config.num_train_envs)
+  assert schedule.num_envs == 16 and schedule.batch_size == builder.config.batch_size
+  *_, config = _inputs(argv, tmp_path)
+  assert config.reproducible is False  # off unless asked
+
+
+@pytest.mark.parametrize('argv,match', [
+    # R2D2 and SAC: their replay has no schedule yet.
+    (['catch', 'r2d2', '2', '8'], r"agent 'r2d2' has no reproducible schedule: not yet: "
+                                  r'issue 63 Deliver 2'),
+    # Catch's V-trace batch is 32 unrolls, two rounds of 16 envs.
+    (['catch', 'vtrace', '2', '8'], r'batch_size=32.*training envs.*= 16.*batch_size=16'),
+    (['cartpole', 'ppo', '3', '2'], r'batch_size=16.*= 6.*--agent_config batch_size=6'),
+    (['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--inference',
+      'actor'], r"inference='actor' cannot run with reproducible=True"),
+    (['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--learner_devices',
+      '2'], r"learner_devices='2' cannot run with reproducible"),
+])
+def test_what_the_schedule_cannot_run_is_refused_by_name(argv, match, tmp_path):
+  with pytest.raises(program_flags.ProgramArgsError, match=match):
+    _inputs([*argv, '--reproducible'], tmp_path)
+  _inputs(argv, tmp_path)  # without --reproducible the same run starts
+
+
+def test_a_half_batch_engine_is_refused():
+  """Atari's 'vector_async' sends half an actor's envs per request: a round (every env's
+  request) would never fill. (A factory object only: no ale-py env is made.)"""
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(batch_size=16))
+  config = ProgramConfig(num_actors=2, envs_per_actor=8, reproducible=True)
+  with pytest.raises(ValueError, match=r"'vector_async' cannot run.*vector_sync"):
+    config.validate(builder, AtariFactory(engine='vector_async'))
+  config.validate(builder, AtariFactory(engine='vector_sync'))
+  config.validate(builder, envs.make_factory('catch'))
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('reproducible', 1, 'reproducible must be True or False'),
+    ('seed', -1, 'seed must be an int >= 0'),
+])
+def test_bad_values_are_refused(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    ProgramConfig(**{field: value}).validate()
+
+
+def _identity(**config):
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(batch_size=16))
+  return identity.run_identity(builder, SPEC, ProgramConfig(**{
+      'env_name': 'catch', 'env_args': {}, 'num_actors': 2, 'envs_per_actor': 8, **config}))
+
+
+def test_a_resume_may_not_switch_the_schedule_but_may_resplit_its_envs():
+  plain, exact = _identity(), _identity(reproducible=True)
+  # A run without the flag records what it did before the field existed: its saved
+  # configs still resume.
+  assert 'reproducible' not in plain
+  assert identity.compare(plain, _identity(num_actors=4, envs_per_actor=4)) == []
+  for saved, now in ((plain, exact), (exact, plain)):
+    with pytest.raises(identity.RunConfigMismatchError, match='reproducible'):
+      identity.compare(saved, now)
+  # 2 x 8 resumed as 4 x 4 is the same run; as 2 x 4 (other seeds, other rounds) not.
+  assert identity.compare(exact, _identity(reproducible=True, num_actors=4,
+                                           envs_per_actor=4)) == []
+  with pytest.raises(identity.RunConfigMismatchError, match='num_train_envs'):
+    identity.compare(exact, _identity(reproducible=True, envs_per_actor=4))
