@@ -4,12 +4,17 @@ Launchpad's `CourierNode` serves every public method of the object it hosts; the
 central node's include `finish`, `shutdown` and `run`, so any caller could end the run.
 `make_central_server` binds `PUBLIC_METHODS` of a `CentralService` instead, and
 installs `seedacme.wire.courier_guard` first: a message that names code rebuilds as a
-stand-in, and each method refuses arguments carrying one with an error naming it.
+stand-in, and each method refuses arguments carrying one with an error naming it. What
+the arguments say is checked where they are used, each wrong field refused by name
+(`InvalidRequestError`): `step` by `seedacme.wire.protocol.validate_request`,
+`report_acting` by `seedacme.wire.reports.check_report` (in `ReportIntake`),
+`get_variables` by `check_variable_names`, `shm_offer`'s pid by `ShmServer.offer`.
 """
 
 from typing import Any
 
 from seedacme.wire import courier_guard
+from seedacme.wire.protocol import InvalidRequestError
 
 # The central node's Courier surface: what actors, the evaluator and launchers call.
 # Launchpad would serve every public method (`finish`, `shutdown`, `run`, ...).
@@ -30,6 +35,8 @@ class CentralService:
     return courier_guard.plain(self._node.step(request))
 
   def shm_offer(self, *args):
+    if len(args) > 1:  # (pid) or (); the pid itself is checked by `ShmServer.offer`
+      raise InvalidRequestError(f'shm_offer takes one argument (pid), got {len(args)}')
     args = courier_guard.accept(args, 'shm_offer')
     return courier_guard.plain(self._node.shm_offer(*args))
 

@@ -53,7 +53,6 @@ lock.
 import collections
 import hashlib
 import hmac
-import operator
 import os
 import secrets
 import selectors
@@ -73,6 +72,7 @@ from seedacme.wire.protocol import InvalidRequestError
 _OVERLAP_WAIT_S = 3.0
 HELLO_DEADLINE_S = 2.0  # connect to a complete hello (an actor sends it at once)
 MAX_HELLOS = 16  # hellos read at once
+_MAX_PID = 2**22  # Linux's largest pid_max
 OFFER_TTL_S = 120.0  # an unused ticket expires
 MAX_OFFERS = 4096  # processes holding offers at once
 _ACCEPT_BACKOFF_S = (0.01, 1.0)
@@ -237,9 +237,12 @@ class ShmServer:
     plane), with a ticket bound to that process; None: this process (an in-process
     actor, a test). When no ticket can be made for it, `refused` says why (and
     `ticket` is empty): the actor uses Courier, or stops with that reason."""
-    pid = os.getpid() if pid is None else operator.index(pid)
-    if pid <= 0:
-      raise ValueError(f'shm_offer: pid must be a positive int, got {pid}')
+    if pid is None:
+      pid = os.getpid()
+    elif isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _MAX_PID:
+      shown = f' {pid}' if isinstance(pid, int) and abs(pid) < 10**12 else ''
+      raise InvalidRequestError(f'shm_offer: pid must be an int in [1, {_MAX_PID}], got '
+                                f'{type(pid).__name__}{shown}')
     offer = {'boot_id': self._boot_id, 'address': self.address,
              'generation': self.generation, 'pid': pid, 'ticket': ''}
     try:

@@ -129,6 +129,14 @@ def _all_finite(value: np.ndarray) -> bool:
   return math.isfinite(value.sum(dtype=np.float64)) if value.size else True
 
 
+def _few(values: np.ndarray, n: int = 16) -> str:
+  """At most `n` of `values` for a message (a refusal stays short however big the
+  request)."""
+  if len(values) <= n:
+    return str(values.tolist())
+  return f'[{", ".join(map(str, values[:n].tolist()))}, ...] ({len(values)} in all)'
+
+
 def _array(request: Mapping[str, Any], name: str, kinds: str, what: str) -> np.ndarray:
   value = request[name]
   if not isinstance(value, np.ndarray):
@@ -166,15 +174,17 @@ def validate_request(request: Any, spec: EnvSpec, num_envs: int,
     raise InvalidRequestError('request has no envs (env_ids is empty)')
   if k > max_request_envs:
     raise InvalidRequestError(
-        f'request has {k} envs; at most {max_request_envs} are allowed per call')
+        f'request has {k} envs (env_ids); at most {max_request_envs} are allowed per call')
+  if k > num_envs:  # env ids are distinct and known: no request holds more
+    raise InvalidRequestError(f'request has {k} envs (env_ids); this server has {num_envs}')
   if env_ids.min() < 0 or env_ids.max() >= num_envs:
     bad = env_ids[(env_ids < 0) | (env_ids >= num_envs)]
     raise InvalidRequestError(
-        f'env_ids {bad.tolist()} are unknown; this server has env ids 0..{num_envs - 1}')
+        f'env_ids {_few(bad)} are unknown; this server has env ids 0..{num_envs - 1}')
   if len(set(env_ids.tolist())) != k:
     values, counts = np.unique(env_ids, return_counts=True)
     raise InvalidRequestError(
-        f'env_ids are duplicated within the request: {values[counts > 1].tolist()}')
+        f'env_ids are duplicated within the request: {_few(values[counts > 1])}')
   run_ids = ids[1].astype(np.int64, copy=False)
 
   observation = request['observation']
@@ -192,7 +202,7 @@ def validate_request(request: Any, spec: EnvSpec, num_envs: int,
   if observation.dtype.kind == 'f' and not _all_finite(observation):
     rows = np.flatnonzero(~np.isfinite(observation.reshape(k, -1)).all(axis=1))
     raise InvalidRequestError(
-        f'observation contains NaN or inf for envs {env_ids[rows].tolist()}')
+        f'observation contains NaN or inf for envs {_few(env_ids[rows])}')
 
   transition = _array(request, 'transition', 'fiu', 'numeric (reward; discount; step type)')
   if transition.shape != (3, k):
@@ -204,7 +214,7 @@ def validate_request(request: Any, spec: EnvSpec, num_envs: int,
     for row, name in enumerate(('reward', 'discount', 'step_type')):
       bad = np.flatnonzero(~np.isfinite(transition[row]))
       if bad.size:
-        raise InvalidRequestError(f'{name} contains NaN or inf at positions {bad.tolist()}')
+        raise InvalidRequestError(f'{name} contains NaN or inf at positions {_few(bad)}')
   reward, discount = transition[0], transition[1]
   # One dot product (~3.5 us with its float64 cast, which cannot overflow; a max and a
   # min cost ~9): no |r| passes the bound while the sum of squares stays within its
@@ -215,15 +225,15 @@ def validate_request(request: Any, spec: EnvSpec, num_envs: int,
       not (reward.max() <= bound and reward.min() >= -bound):
     bad = np.flatnonzero(np.abs(reward) > bound)
     raise InvalidRequestError(
-        f'reward {reward[bad].tolist()} at positions {bad.tolist()} exceeds the env\'s '
+        f'reward {_few(reward[bad])} at positions {_few(bad)} exceeds the env\'s '
         f'bound |reward| <= {bound:g} (EnvSpec.max_abs_reward)')
   if not (discount.min() >= 0 and discount.max() <= 1):
-    raise InvalidRequestError(f'discount must lie in [0, 1], got {discount.tolist()}')
+    raise InvalidRequestError(f'discount must lie in [0, 1], got {_few(discount)}')
   step_type = transition[2].astype(np.int8)
   if step_type.min() < 0 or step_type.max() > 2 or not (step_type == transition[2]).all():
     raise InvalidRequestError(
         f'step_type values must be 0 (FIRST), 1 (MID) or 2 (LAST), got '
-        f'{transition[2].tolist()}')
+        f'{_few(transition[2])}')
 
   mode = _MODES.get(request.get('mode', Mode.TRAIN.value)) \
       if isinstance(request.get('mode', ''), str) else None

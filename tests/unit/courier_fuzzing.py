@@ -7,6 +7,7 @@ one per target with only the support files beside it. What the fuzz covers and i
 bounds: tests/unit/test_courier_fuzz.py.
 """
 
+import functools
 import importlib
 import json
 import os
@@ -17,6 +18,8 @@ import time
 import types
 
 import numpy as np
+
+from seedacme.wire.courier_guard import plain
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEED = int(os.environ.get('SEEDACME_FUZZ_SEED', '47'))
@@ -114,6 +117,125 @@ class Reduced:
 
   def __reduce__(self):
     return self.reduced
+
+
+# ---- Well-formed calls with one field wrong (issue 62): each refusal names the field.
+# The fuzz server's program (`_SERVER`): Catch, observations [10, 5] float32, one actor
+# of 2 envs; its actor-side twin adds an evaluator of 2 envs (sources 0 and 2).
+_OBSERVATION = (10, 5)
+
+
+def good_step(k=2):
+  """A step request as the fuzz server's actor sends it (FIRST steps of `k` envs)."""
+  from seedacme.wire.protocol import make_request  # pylint: disable=g-import-not-at-top
+  return make_request(np.arange(k), np.ones(k, np.int64),
+                      np.zeros((k, *_OBSERVATION), np.float32), np.zeros(k), np.ones(k),
+                      np.zeros(k))
+
+
+def good_report(**changes):
+  """What the actor-side twin's training actor (source 0, 2 envs) sends, as
+  `ActorSideInference.take_report` builds it."""
+  report = {'source': 0, 'batches': 10, 'units': 20, 'full_batches': 10,
+            'mean_latency_ms': 1.5, 'p99_latency_ms': 4.0,
+            'trajectory': {'sequences': 3, 'items_written': 3, 'writer_pending': 0,
+                           'writer_blocked_s': 0.25, 'items_rewritten': 0,
+                           'writer_reconnects': 0},
+            'env_steps': 20, 'train_episodes': np.array([[1.0, -1.0], [9.0, 9.0]]),
+            'eval_env_steps': 0, 'eval_episodes': np.zeros((2, 0))}
+  report.update(changes)
+  return report
+
+
+def _transition(row, values):
+  request = good_step()
+  transition = request['transition'].copy()
+  transition[row] = values
+  return {**request, 'transition': transition}
+
+
+@functools.lru_cache(None)
+def bad_steps():
+  """(field, request): a step request with `field` wrong: NaN and inf, wrong dtypes and
+  shapes, batches larger than the server's envs or than any request may be."""
+  nan, inf = float('nan'), float('inf')
+  good = good_step()
+  def obs(value):
+    return {**good, 'observation': value}
+  return (
+      ('observation', obs(np.full((2, *_OBSERVATION), nan, np.float32))),
+      ('observation', obs(np.full((2, *_OBSERVATION), -inf, np.float32))),
+      ('observation', obs(np.zeros((2, *_OBSERVATION), np.float64))),
+      ('observation', obs(np.zeros((2, *_OBSERVATION), np.uint8))),
+      ('observation', obs(np.zeros((2, *_OBSERVATION), np.int32))),
+      ('observation', obs(np.zeros((2, 5, 10), np.float32))),
+      ('observation', obs(np.zeros((2, 10, 5000), np.float32))),  # 400 KB
+      ('observation', obs([[0.0] * 5] * 10)),
+      ('observation', {k: v for k, v in good.items() if k != 'observation'}),
+      ('reward', _transition(0, [0.0, nan])),
+      ('reward', _transition(0, [inf, 0.0])),
+      ('reward', _transition(0, [0.0, 1e30])),
+      ('discount', _transition(1, [nan, 1.0])),
+      ('discount', _transition(1, [1.0, 1.5])),
+      ('step_type', _transition(2, [0.0, 7.0])),
+      ('step_type', _transition(2, [0.5, 1.0])),
+      ('step_type', _transition(2, [nan, 1.0])),
+      ('transition', {**good, 'transition': good['transition'].astype(str)}),  # a list
+      ('transition', {**good, 'transition': good['transition'] > 0}),
+      ('transition', {**good, 'transition': np.zeros((3, 3), np.float32)}),
+      ('ids', {**good, 'ids': good['ids'].astype(np.float32)}),
+      ('ids', {**good, 'ids': np.zeros((3, 2), np.int64)}),
+      ('env_ids', {**good, 'ids': np.array([[0, 5], [1, 1]])}),
+      ('env_ids', {**good, 'ids': np.array([[1, 1], [1, 1]])}),
+      ('env_ids', good_step(3)),  # more envs than the server has
+      ('env_ids', {**good, 'ids': np.zeros((2, 100_000), np.int64)}),  # 1.6 MB
+      ('mode', {**good, 'mode': 'greedy'}),
+      ('mode', {**good, 'mode': 3}),
+      ('bogus', {**good, 'bogus': 1}),
+  )
+
+
+@functools.lru_cache(None)
+def bad_reports():
+  """(field, report): the actor-side twin's training report with `field` wrong, every
+  field in turn: type, range, NaN, figures no actor of the program can send."""
+  nan, inf = float('nan'), float('inf')
+  cases = [
+      ('source', 'x'), ('source', -1), ('source', 1.5), ('source', None),
+      ('source', 1), ('source', 4), ('source', 2**40),
+      ('batches', -1), ('batches', 'x'), ('batches', 2.0), ('batches', True),
+      ('units', 21), ('units', 5), ('units', -3),
+      ('full_batches', 11), ('full_batches', None),
+      ('mean_latency_ms', nan), ('mean_latency_ms', inf), ('mean_latency_ms', -1.0),
+      ('mean_latency_ms', 'fast'), ('p99_latency_ms', nan), ('p99_latency_ms', 1e12),
+      ('trajectory', 'x' * 50), ('trajectory', ['items_written']),
+      ('trajectory', {'items_written': 'x'}), ('trajectory', {'items_written': nan}),
+      ('trajectory', {'items_written': -1}), ('trajectory', {'items_written': inf}),
+      ('trajectory', {'bogus': 1}), ('trajectory', {7: 1}),
+      ('env_steps', -5), ('env_steps', 'x'), ('env_steps', 1.5), ('env_steps', 10**9),
+      ('env_steps', 2**60), ('eval_env_steps', 5),
+      ('train_episodes', 'x'), ('train_episodes', [[1.0], [9.0]]),
+      ('train_episodes', np.zeros(3)), ('train_episodes', np.array([[nan], [9.0]])),
+      ('train_episodes', np.array([[inf], [9.0]])),
+      ('train_episodes', np.array([[1e9], [9.0]])),
+      ('train_episodes', np.array([[1.0], [0.0]])),
+      ('train_episodes', np.array([[1.0], [2.5]])),
+      ('train_episodes', np.array([[1.0], [-9.0]])),
+      ('train_episodes', np.ones((2, 100))),
+      ('train_episodes', np.ones((2, 1), str)), ('train_episodes', np.ones((2, 1), bool)),
+      ('eval_episodes', np.array([[1.0], [9.0]])),
+      ('env_faults', 'x'), ('env_faults', [{}]),
+  ]
+  out = [(field, good_report(**{field: value})) for field, value in cases]
+  missing = good_report()
+  del missing['trajectory']
+  return tuple(out + [('trajectory', missing), ('bogus', good_report(bogus=1)),
+                      ('dict', ['not', 'a', 'dict'])])
+
+
+BAD_NAMES = (('names', 'policy'), ('names', ['policy'] * 1000), ('names', []),
+             ('names[0]', [123]), ('names[0]', ['x' * 100_000]), ('names[0]', ['bogus']),
+             ('names', ('policy', 'policy')))
 
 
 class Fuzz:
@@ -235,6 +357,22 @@ class Fuzz:
       return self.reduced()
     return self.value()
 
+  def semantic(self):
+    """(method, args): a well-formed call on seedacme's wire (`plain`) with one field
+    wrong, or a served report with one field set to any value."""
+    rng = self.rng
+    method = rng.choice(['step', 'report_acting', 'get_variables'])
+    if method == 'step':
+      message = rng.choice(bad_steps())[1]
+    elif method == 'get_variables':
+      message = rng.choice(BAD_NAMES)[1]
+    elif rng.random() < 0.7:
+      message = rng.choice(bad_reports())[1]
+    else:
+      message = good_report()
+      message[rng.choice(sorted(message))] = self.leaf()
+    return method, (plain(message),)
+
   def message(self):
     """(method, args) of one call."""
     rng = self.rng
@@ -246,6 +384,8 @@ class Fuzz:
       return method, (rng.choice(self.attacks)(),)
     if r < 0.6:
       return method, (self.reduced(),)
+    if r < 0.72:
+      return self.semantic()
     return method, tuple(self.value() for _ in range(rng.choice([0, 1, 1, 1, 2, 3])))
 
 
@@ -282,8 +422,11 @@ def send(client, fuzz, count, pid):
   return unsendable, None if alive(pid) else count
 
 
+# The central node as programs serve it; with a second port, also its actor-side twin
+# (`inference='actor'`, an evaluator of 2 envs) running its main loop, which writes a
+# progress record every 0.5 s and ends this process if it ends.
 _SERVER = '''
-import sys, threading, time
+import dataclasses, os, sys, threading, time, types
 import reverb
 from seedacme import envs
 from seedacme.agents import vtrace
@@ -302,6 +445,19 @@ node = CentralNode(builder, spec, config, reverb.Client(f'localhost:{replay.port
                    stop_event=threading.Event())
 server = make_central_server(node, port=port, thread_pool_size=4)
 server.Start()
+if len(sys.argv) > 3:
+  twin = CentralNode(builder, spec, dataclasses.replace(
+      config, inference='actor', num_eval_envs=2, logdir=logdir + '-actor-side',
+      progress_interval_s=0.5), reverb.Client(f'localhost:{replay.port}'),
+      stop_event=threading.Event())
+  twin.set_courier_server(types.SimpleNamespace(port=int(sys.argv[3]), _thread_pool_size=4))
+  def run():
+    try:
+      twin.run()
+    finally:
+      print('the actor-side node ended', flush=True)
+      os._exit(3)
+  threading.Thread(target=run, daemon=True).start()
 print('serving', flush=True)
 while True:
   time.sleep(60)
@@ -349,8 +505,11 @@ def _valid_step(address):
 def _attack(address, marker, seed, count, pid, bad_pairs=True, parallel=2):
   """`count` messages from `parallel` attacker processes at once (seeds `seed`,
   `seed + 1000`, ...): the node's thread pool rebuilds them concurrently, as the import
-  gate must allow (Courier's server imports `traceback` for each refusal meanwhile)."""
-  procs = [subprocess.Popen([sys.executable, '-c', _ATTACKER, REPO, address, marker,
+  gate must allow (Courier's server imports `traceback` for each refusal meanwhile).
+  `address`: one, or a list (attacker i sends to `address[i % len(address)]`)."""
+  addresses = [address] if isinstance(address, str) else list(address)
+  procs = [subprocess.Popen([sys.executable, '-c', _ATTACKER, REPO,
+                             addresses[i % len(addresses)], marker,
                              str(seed + 1000 * i), str(count // parallel), str(pid),
                              str(int(bad_pairs))], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO)

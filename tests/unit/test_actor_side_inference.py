@@ -120,8 +120,9 @@ def test_evaluator_writes_nothing_and_reports_eval_episodes(setup):
 
 
 def _report(**overrides):
-  report = {'source': 0, 'env_steps': 100, 'eval_env_steps': 10, 'batches': 4,
-            'units': 64, 'full_batches': 4, 'mean_latency_ms': 2.0, 'p99_latency_ms': 3.0,
+  """A training actor's report (source 0: no evaluation acting; 4 batches of 4 envs)."""
+  report = {'source': 0, 'env_steps': 100, 'eval_env_steps': 0, 'batches': 4,
+            'units': 16, 'full_batches': 4, 'mean_latency_ms': 2.0, 'p99_latency_ms': 3.0,
             'trajectory': {'items_written': 5},
             'train_episodes': np.array([[1.0, -1.0], [9, 9]]),
             'eval_episodes': np.zeros((2, 0))}
@@ -131,10 +132,14 @@ def _report(**overrides):
 
 def test_report_intake_sums_what_actors_send():
   log = ActingLog()
-  intake = ReportIntake(log, envs_per_actor=16)
-  intake.report(_report())
-  intake.report(_report(source=16, env_steps=50, batches=1, units=16, mean_latency_ms=7.0,
-                        p99_latency_ms=9.0, eval_episodes=np.array([[1.0], [9]])))
+  # Two training actors of 16 envs (sources 0, 16), the evaluator's 4 (source 32).
+  intake = ReportIntake(log, envs_per_actor=16, num_envs=36, num_eval_envs=4)
+  intake.report(_report(units=64))
+  intake.report(_report(source=16, env_steps=50, batches=1, units=16, full_batches=1,
+                        mean_latency_ms=7.0, p99_latency_ms=9.0))
+  intake.report(_report(source=32, env_steps=0, eval_env_steps=20, batches=0, units=0,
+                        full_batches=0, trajectory={}, train_episodes=np.zeros((2, 0)),
+                        eval_episodes=np.array([[1.0], [9]])))
   assert log.env_steps(Mode.TRAIN) == 150 and log.env_steps(Mode.EVAL) == 20
   assert log.summary(Mode.TRAIN)['episodes'] == 4
   assert log.summary(Mode.TRAIN)['average_return'] == 0.0

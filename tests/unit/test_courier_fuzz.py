@@ -12,10 +12,20 @@ calls it on the sending side). To name `(module, name)` the sender has not got,
 `_spoof` puts a module in the sender's `sys.modules` whose attribute is the object
 being sent, so the sender's own import check passes; only attacker processes do this.
 
+Well-formed calls with one field wrong go into the stream too (`Fuzz.semantic`): `step`
+with NaN and inf observations, rewards and discounts, wrong dtypes and shapes, more envs
+than the server has, 100,000 envs; `report_acting` with every field wrong in turn (the
+string trajectory of issue 62 among them) or set to any value; `get_variables` with
+1,000 names and names of 100,000 characters.
+
 Two targets, each a separate process, each payload trying to create a marker file:
  - a central node served as programs serve it (`make_central_server`, V-trace on
-   Catch, a real Reverb server), sent `COUNT` messages over its Courier port to every
-   method it serves and to names it does not;
+   Catch, a real Reverb server) and, in the same process, its actor-side twin
+   (`inference='actor'`), whose main loop writes a progress record every 0.5 s and
+   ends the process if it ends; sent `COUNT` messages over their Courier ports (one
+   attacker each) to every method they serve and to names they do not. After the
+   fuzz, each wrong field of each served method is refused by name
+   (`test_each_wrong_field_is_refused_by_name`);
  - an actor-side client with the guard installed, calling a hostile Courier server
    whose every reply is a generated message (sync calls and `futures`).
 Each test asserts the target is still running and answers a valid call after and that
@@ -44,43 +54,120 @@ import json
 import os
 import subprocess
 import sys
+import time
+import types
 
+import numpy as np
 import portpicker
 import pytest
 
-from tests.unit.courier_fuzzing import (COUNT, REPO, SEED, _RSS_BOUND_MB, _SERVER,
-                                        _SERVER_RSS_KB_PER_MESSAGE, _attack, _valid_step,
-                                        _wait_serving, rss_mb)
+from seedacme.wire import courier_guard
+from tests.unit.courier_fuzzing import (BAD_NAMES, COUNT, REPO, SEED, _RSS_BOUND_MB,
+                                        _SERVER, _SERVER_RSS_KB_PER_MESSAGE, _attack,
+                                        _valid_step, _wait_serving, bad_reports, bad_steps,
+                                        good_report, rss_mb)
 
 
-@pytest.mark.timeout(240)
-def test_central_server_survives_fuzz(tmp_path):
-  marker = str(tmp_path / 'marker')
-  port = portpicker.pick_unused_port()
-  address = f'localhost:{port}'
-  log = open(tmp_path / 'server.log', 'w')
-  proc = subprocess.Popen([sys.executable, '-c', _SERVER, str(port), str(tmp_path / 'run')],
-                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+@pytest.fixture(scope='module', name='nodes')
+def _nodes(tmp_path_factory):
+  """The fuzz server: the central node and its actor-side twin, one process."""
+  tmp = tmp_path_factory.mktemp('fuzz-server')
+  ports = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+  log = open(tmp / 'server.log', 'w')
+  proc = subprocess.Popen([sys.executable, '-c', _SERVER, str(ports[0]), str(tmp / 'run'),
+                           str(ports[1])], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+  nodes = types.SimpleNamespace(
+      proc=proc, central=f'localhost:{ports[0]}', twin=f'localhost:{ports[1]}',
+      progress=str(tmp / 'run-actor-side' / 'progress.jsonl'),
+      log=lambda: open(tmp / 'server.log').read()[-3000:])
   try:
-    _wait_serving(address, proc)
-    assert 'action' in _valid_step(address)
-    warm = _attack(address, marker, SEED + 1, 400, proc.pid)
-    assert 'action' in _valid_step(address)
-    before = rss_mb(proc.pid)
-    run = _attack(address, marker, SEED, COUNT, proc.pid)
-    after = rss_mb(proc.pid)
-    assert proc.poll() is None, open(tmp_path / 'server.log').read()[-3000:]
-    assert 'action' in _valid_step(address)
-    assert not os.path.exists(marker)
-    print(f'server: {COUNT} messages in {run["seconds"]:.1f} s ({run["unsendable"]} not '
-          f'encodable by the sender), RSS {before:.1f} -> {after:.1f} MB '
-          f'(warm-up {warm["seconds"]:.1f} s)')
-    assert (after - before) * 1024 < _SERVER_RSS_KB_PER_MESSAGE * COUNT
+    _wait_serving(nodes.central, proc)
+    _wait_serving(nodes.twin, proc)
+    yield nodes
   finally:
     if proc.poll() is None:
       proc.kill()
     proc.wait()
     log.close()
+
+
+def _records(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _call(address, method, message):
+  """`method(message)` on seedacme's wire, as actors call; the decoded reply."""
+  import courier  # pylint: disable=g-import-not-at-top
+  reply = getattr(courier.Client(address, call_timeout=30), method)(
+      courier_guard.plain(message))
+  return courier_guard.accept(reply, 'reply')
+
+
+@pytest.mark.timeout(300)
+def test_central_server_survives_fuzz(nodes, tmp_path):
+  marker = str(tmp_path / 'marker')
+  address, proc = nodes.central, nodes.proc
+  addresses = [nodes.central, nodes.twin]
+  assert 'action' in _valid_step(address)
+  warm = _attack(addresses, marker, SEED + 1, 400, proc.pid)
+  assert 'action' in _valid_step(address)
+  before = rss_mb(proc.pid)
+  run = _attack(addresses, marker, SEED, COUNT, proc.pid)
+  after = rss_mb(proc.pid)
+  assert proc.poll() is None, nodes.log()
+  assert 'action' in _valid_step(address)
+  assert _call(nodes.twin, 'report_acting', good_report()) is None
+  assert not os.path.exists(marker)
+  print(f'server: {COUNT} messages in {run["seconds"]:.1f} s ({run["unsendable"]} not '
+        f'encodable by the sender), RSS {before:.1f} -> {after:.1f} MB '
+        f'(warm-up {warm["seconds"]:.1f} s)')
+  assert (after - before) * 1024 < _SERVER_RSS_KB_PER_MESSAGE * COUNT
+
+
+def _refused(address, method, message, field):
+  with pytest.raises(Exception) as error:  # Courier raises the server's refusal so
+    _call(address, method, message)
+  text = str(error.value)
+  assert 'InvalidRequestError' in text and field in text.splitlines()[-1], (field, text)
+
+
+@pytest.mark.timeout(240)
+def test_each_wrong_field_is_refused_by_name(nodes):
+  """Issue 62, item 5: one `report_acting` with a string trajectory ended the actor-side
+  central node (TypeError in its next progress record). Now every wrong field of
+  `step`, `report_acting` and `get_variables` is refused naming it, and the node's main
+  loop keeps writing progress."""
+  # The issue's call first (on c8a4f53 the node took it, and died of its next record),
+  # then the loop must write two more records.
+  _refused(nodes.twin, 'report_acting', good_report(trajectory={'items_written': 'many'}),
+           'trajectory')
+  written = len(_records(nodes.progress)) if os.path.exists(nodes.progress) else 0
+  deadline = time.monotonic() + 30
+  while len(_records(nodes.progress) if os.path.exists(nodes.progress) else []) < \
+      written + 2:
+    assert nodes.proc.poll() is None, nodes.log()
+    assert time.monotonic() < deadline, 'no progress records after the report'
+    time.sleep(0.25)
+  for field, request in bad_steps():
+    _refused(nodes.central, 'step', request, field)
+  for field, report in bad_reports():
+    _refused(nodes.twin, 'report_acting', report, field)
+  for field, names in BAD_NAMES:
+    _refused(nodes.twin, 'get_variables', names, field)
+  # Still serving, and counting only what was well-formed.
+  assert 'action' in _valid_step(nodes.central)
+  steps = _records(nodes.progress)[-1]['env_steps']
+  assert _call(nodes.twin, 'report_acting', good_report()) is None
+  [variables] = _call(nodes.twin, 'get_variables', ['policy'])
+  assert variables and all(isinstance(v, np.ndarray) for v in variables)
+  deadline = time.monotonic() + 30
+  while _records(nodes.progress)[-1]['env_steps'] < steps + 20:
+    assert time.monotonic() < deadline and nodes.proc.poll() is None, nodes.log()
+    time.sleep(0.25)
+  record = _records(nodes.progress)[-1]
+  assert record['trajectory_items_written'] >= 3 and record['requests_refused'] >= 1
+  assert nodes.proc.poll() is None, nodes.log()
 
 
 _HOSTILE = '''

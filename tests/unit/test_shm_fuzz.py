@@ -9,7 +9,11 @@ offer, connects thousands of times with what a broken or hostile local peer send
   generations, file descriptors (one to too many), no hello at all;
 * frames, once attached: headers with any size and mode, env ids out of range or
   another actor's, NaN and huge values, the whole segment random, a burst of wake-ups,
-  garbage on the socket, a request then an early close.
+  garbage on the socket, a request then an early close; and requests with one field
+  wrong (NaN or inf observations, rewards and discounts, a reward past the env's bound,
+  a step type that is none), whose refusal must name that field (issue 62). A segment's
+  dtypes and shapes are the server's own, and a header's size is clamped to it: wrong
+  dtypes, shapes and giant batches are the Courier fuzzer's (test_courier_fuzz.py).
 
 It asserts the server process stays up, serves a well-formed actor afterwards, and its
 descriptors, threads and RSS stay flat (measured after a warm-up; RSS within
@@ -62,6 +66,7 @@ class _Fuzzer:
     self.rng, self.offer = rng, offer
     self.counts = collections.Counter()
     self.open_conns = []  # silent or truncated hellos left open to the deadline
+    self.misnamed = []  # (kind, reply) of one-field-wrong requests not refused by name
 
   def _connect(self):
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -174,10 +179,11 @@ class _Fuzzer:
       return
     self.counts['attached'] += 1
     raw = np.frombuffer(segment._map, np.uint8)  # pylint: disable=protected-access
+    clean = True  # no wake-up sent that was not answered one for one
     try:
       for _ in range(rng.randint(1, 12)):
         kind = rng.choice(['valid', 'header', 'ids', 'values', 'random segment', 'burst',
-                           'garbage bytes', 'close early'])
+                           'garbage bytes', 'close early'] + list(_ONE_FIELD_WRONG))
         self.counts['frame: ' + kind] += 1
         k = rng.randint(1, num)
         segment.write_request(np.arange(first, first + k), np.full(k, 1),
@@ -201,16 +207,33 @@ class _Fuzzer:
           wake = shm.REQUEST * rng.randint(2, 16)
         elif kind == 'garbage bytes':
           wake = rng.randbytes(rng.randint(1, 16))
+        elif kind in _ONE_FIELD_WRONG:
+          array, row, value, _ = _ONE_FIELD_WRONG[kind]
+          target = getattr(segment, array)
+          if row is None:
+            target[:k] = value
+          else:
+            target[row, :k] = value
+        clean = clean and kind in ('valid', 'values', 'ids') + tuple(_ONE_FIELD_WRONG)
         conn.sendall(wake)
         if kind == 'close early':
           return
         ready, _, _ = select.select([conn], [], [], _REPLY_WAIT_S)
         if not ready:
           self.counts['frame unanswered'] += 1
+          clean = False
           continue
-        if not conn.recv(64):
+        received = conn.recv(64)
+        if not received:
           self.counts['detached'] += 1
           return
+        if kind in _ONE_FIELD_WRONG and clean and received == shm.REPLY:
+          reply = segment.read_reply()
+          field = _ONE_FIELD_WRONG[kind][3]
+          named = field in reply.get('refused', '')
+          self.counts['refused by name' if named else 'not refused by name'] += 1
+          if not named:
+            self.misnamed.append((kind, reply))
     except OSError:
       self.counts['reset'] += 1
     finally:
@@ -220,6 +243,20 @@ class _Fuzzer:
 
   def case(self):
     (self.frames if self.rng.random() < 0.15 else self.hello)()
+
+
+# A request with one field wrong: (segment array, row or None, value, the field its
+# refusal must name).
+_ONE_FIELD_WRONG = {
+    'nan observation': ('observation', None, np.nan, 'observation'),
+    'inf observation': ('observation', None, -np.inf, 'observation'),
+    'nan reward': ('transition', 0, np.nan, 'reward'),
+    'inf reward': ('transition', 0, np.inf, 'reward'),
+    'huge reward': ('transition', 0, 3e38, 'reward'),
+    'nan discount': ('transition', 1, np.nan, 'discount'),
+    'discount past 1': ('transition', 1, 1.5, 'discount'),
+    'no step type': ('transition', 2, 5.0, 'step_type'),
+}
 
 
 def _served(server, first=0, num=2):
@@ -269,5 +306,7 @@ def test_the_same_host_socket_survives_thousands_of_hostile_inputs():
     assert after['rss_kb'] - before['rss_kb'] < RSS_SLACK_KB, (before, after)
     assert fuzzer.counts['answered'] > CASES // 4  # refusals were read, not only resets
     assert fuzzer.counts['attached'] > CASES // 20
+    assert not fuzzer.misnamed, fuzzer.misnamed[:5]
+    assert fuzzer.counts['refused by name'] > CASES // 100
   finally:
     server.close()
