@@ -14,16 +14,15 @@ import builtins
 import datetime
 import os
 import re
-import shutil
+import signal
 import socket
-import subprocess
 import sys
 import threading
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import seedacme  # noqa: F401  (sets TF log levels before anything imports TF)
 from seedacme.run import logdir as logdir_lib
-from seedacme.runtime import startup
+from seedacme.runtime import isolation, startup
 from seedacme.envs.registry import factory_options
 from seedacme.run.curves import curve_title, write_curves
 from seedacme.launchers.program_flags import (ProgramArgsError, add_program_args, env_options,
@@ -36,11 +35,14 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
       prog='run_local', description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_program_args(parser, logdir_help='default: ./runs/<env>_<agent>_<time>')
-  parser.add_argument('--network', choices=('isolated', 'host'), default='isolated',
+  parser.add_argument('--network', choices=NETWORKS, default='isolated',
                       help="isolated: run every node in a private network namespace with "
                       "only loopback, so Courier and Reverb (which bind all interfaces) are "
-                      "unreachable from other machines, or refuse to start where that is "
-                      "impossible; host: the machine's network, exposed (" + EXPOSURE + ")")
+                      "unreachable from other machines and users; where no namespace can be "
+                      "made, keep their servers on loopback and refuse other uids' "
+                      "connections (the first lines say which); refuse to start where "
+                      "neither holds; loopback: that fallback even where a namespace could "
+                      "be made; host: the machine's network, exposed (" + EXPOSURE + ")")
   return parser.parse_args(argv)
 
 
@@ -87,6 +89,7 @@ def _sample_node_memory(logdir: str, peak: Dict[str, float]) -> None:
 
 
 _NETNS_ENV = 'SEEDACME_PRIVATE_NETNS'
+NETWORKS = ('isolated', 'loopback', 'host')
 
 # What an exposed program allows, said wherever a user chooses exposure.
 EXPOSURE = ('Courier and Reverb listen on every interface of this machine and have no '
@@ -132,12 +135,9 @@ def isolation_problem(command: List[str]) -> str | None:
     print(f'seedacme: {_NETNS_ENV} is set, but this process sees network interfaces '
           f'{", ".join(exposed)}: re-executing in a private network namespace',
           file=sys.stderr)
-  probe = subprocess.run(['unshare', '-rn', 'ip', 'link', 'set', 'lo', 'up'],
-                         capture_output=True, text=True) if shutil.which('unshare') \
-      and shutil.which('ip') else None
-  if probe is None or probe.returncode != 0:
-    return 'unshare/ip missing' if probe is None else \
-        (probe.stderr.strip() or f'unshare exited {probe.returncode}')
+  problem = isolation.namespace_problem()
+  if problem:
+    return problem
   os.environ[_NETNS_ENV] = str(os.getpid())  # `unshare` and `sh` exec: the pid stays
   sys.stdout.flush()
   sys.stderr.flush()
@@ -146,7 +146,44 @@ def isolation_problem(command: List[str]) -> str | None:
   return None  # not reached
 
 
+def isolate(command: List[str] | None, network: str = 'isolated') -> Tuple[str, str]:
+  """Isolates the program's network the strongest way this host offers (issue 64):
+  `network='isolated'` re-executes `command` in a private namespace where one can be
+  made (`isolation_problem`; does not return then), else keeps every node's servers on
+  loopback (`seedacme.runtime.isolation`: LD_PRELOAD set here, inherited by every node,
+  connections of other uids refused at accept); `'loopback'` skips the namespace.
+  Returns (mechanism, what it means), the mechanism 'namespace' once inside one.
+  Raises `ExposureError` naming every mechanism's problem when none holds."""
+  problems = []
+  if network == 'isolated':
+    if command is None:
+      problems.append('namespace: this Python session cannot be re-executed in one (run '
+                      'it as a script)')
+    else:
+      problem = isolation_problem(command)
+      if problem is None:
+        return 'namespace', ('a private network namespace with only loopback: no other '
+                             'machine or user can reach the servers')
+      problems.append(f'namespace: {problem}')
+  problem = isolation.loopback_problem()
+  if problem is None:
+    os.environ.update(isolation.loopback_env())
+    os.environ.pop(_NETNS_ENV, None)
+    chosen = isolation.choose_isolation(('loopback',))  # its reason, for the notice
+    return 'loopback', '; '.join(problems + [chosen.reason])
+  problems.append(f'loopback: {problem}')
+  raise ExposureError(_refusal('; '.join(problems), ''))
+
+
+def check_listeners(pids: List[int]) -> List[str]:
+  """The sockets of `pids` and their descendants listening beyond loopback (start-up
+  check of the loopback mechanism: what listens, whatever asked for it)."""
+  return [f'{s.proto} {s.address}:{s.port} (pid {s.pid})'
+          for s in isolation.non_loopback_listeners(isolation.process_tree(pids))]
+
+
 def _refusal(problem: str, how_to_allow: str) -> str:
+  how_to_allow = how_to_allow or '--network host (network="host" from Python)'
   return (f'cannot isolate the network ({problem}), so the program would run exposed: '
           f'{EXPOSURE}. Refusing to start; {how_to_allow} to run on the host network '
           'anyway (behind a firewall, or on a private network or VPN)')
@@ -203,24 +240,21 @@ def launch(program, logdir: str, network: str = 'isolated'):
   * `network='isolated'` (default): every node runs in a private network namespace
     with only loopback. This process re-executes its own command line
     (`sys.orig_argv`) inside one first, so call it from a script or `python -m`;
-    the script runs again from its start in the namespace. Where that is impossible
-    it raises `ExposureError` naming why; `network='host'` runs exposed anyway.
+    the script runs again from its start in the namespace. Where no namespace can be
+    made (Ubuntu 24.04's default, containers, many HPC nodes) every node's servers are
+    kept on loopback instead, other uids refused (`isolate`; 'loopback' asks for that
+    directly); where neither holds it raises `ExposureError` naming why;
+    `network='host'` runs exposed anyway.
   * node logs go to `<logdir>/nodes/<group>/<i>`; actors and the evaluator get
     `run_local`'s thread limits (`seedacme.nodes.program.local_resources`);
     Launchpad's shutdown countdown stays out of this process's output
     (`quiet_stop_countdown`).
   """
-  if network not in ('isolated', 'host'):
-    raise ValueError(f"network must be 'isolated' or 'host', got {network!r}")
-  if network == 'isolated':
-    command = _own_command()
-    if command is None:
-      raise ExposureError('launch(network="isolated") re-executes the calling script '
-                          'in a private network namespace: run it as a script (python '
-                          'my_program.py) or pass network="host" to run exposed')
-    problem = isolation_problem(command)
-    if problem:
-      raise ExposureError(_refusal(problem, 'pass network="host"'))
+  if network not in NETWORKS:
+    raise ValueError(f'network must be one of {NETWORKS}, got {network!r}')
+  if network != 'host':
+    mechanism, detail = isolate(_own_command(), network)
+    print(f'seedacme: isolation: {mechanism} ({detail})', file=sys.stderr, flush=True)
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
   from launchpad.launch.run_locally import launch_local_output_to_files as to_files  # pylint: disable=g-import-not-at-top
@@ -241,17 +275,19 @@ def launch(program, logdir: str, network: str = 'isolated'):
 
 def main(argv: List[str] | None = None) -> int:
   args = parse_args(argv)
-  if args.network == 'isolated':
+  mechanism = None
+  if args.network != 'host':
     # Called from the command line: this module again; from Python (`main(argv)`,
     # e.g. after registering an agent): the calling command line, as `launch` does.
     command = ([sys.executable, '-m', 'seedacme.launchers.local', *sys.argv[1:]]
                if argv is None else _own_command())
-    problem = isolation_problem(command) if command else \
-        'this Python session cannot be re-executed (run it as a script)'
-    if problem:
-      print(f'seedacme: {_refusal(problem, "pass --network host")}', file=sys.stderr)
+    try:
+      mechanism, detail = isolate(command, args.network)
+    except ExposureError as e:
+      print(f'seedacme: {e}', file=sys.stderr)
       return 2
-  elif args.network == 'host':
+    print(f'seedacme: isolation: {mechanism} ({detail})', flush=True)
+  else:
     print(f'seedacme: --network host: {EXPOSURE}', file=sys.stderr)
   logdir = os.path.abspath(args.logdir or os.path.join(
       'runs', f'{args.env}_{args.agent}_{datetime.datetime.now():%Y%m%d_%H%M%S}'))
@@ -285,6 +321,7 @@ def main(argv: List[str] | None = None) -> int:
   # Printed, not logged: absl's INFO is off in this process (no flags parsed).
   print(startup.line('launcher', 'launching'), flush=True)
   manager = launch(program, logdir, network='host')  # isolated above, if asked
+  checked = mechanism != 'loopback'  # the loopback mechanism's check: what listens
 
   failure: List[BaseException] = []
 
@@ -304,6 +341,14 @@ def main(argv: List[str] | None = None) -> int:
     waiter.join(0.5)
     _sample_node_memory(logdir, peak_rss)
     records, offset = logdir_lib.tail_lines(logdir, offset)
+    if not checked and records:  # the central node is up: its servers listen
+      checked = True
+      exposed = check_listeners([os.getpid()])
+      if exposed:
+        console.event(f'seedacme: listening beyond loopback despite the interposer: '
+                      f'{", ".join(exposed)}; stopping the program')
+        failure.append(ExposureError(f'servers beyond loopback: {", ".join(exposed)}'))
+        os.kill(os.getpid(), signal.SIGTERM)  # Launchpad's worker manager stops the nodes
     for record in records:
       if 'event' in record:
         console.event(f"seedacme: {record['event']}")

@@ -35,12 +35,15 @@ def command(args: Sequence[str], logdir: str | None = None,
 
 def start(args: Sequence[str], logdir: str | None, stdout: IO,
           env: Dict[str, str] | None = None, cwd: str | None = None,
-          new_session: bool = True, register: str | None = None) -> subprocess.Popen:
+          new_session: bool = True, register: str | None = None,
+          prefix: Sequence[str] = ()) -> subprocess.Popen:
   """Starts `run_local <args> --logdir logdir`; stdout and stderr go to `stdout`.
 
-  `env`: variables added to this process's environment; `register`: see `command`.
+  `env`: variables added to this process's environment; `register`: see `command`;
+  `prefix`: a command that runs it (e.g. `scripts/without_namespaces`).
   """
-  return subprocess.Popen(command(args, logdir, register), stdout=stdout, stderr=subprocess.STDOUT,
+  return subprocess.Popen([*prefix, *command(args, logdir, register)], stdout=stdout,
+                          stderr=subprocess.STDOUT,
                           env=dict(os.environ, **(env or {})), cwd=cwd,
                           start_new_session=new_session)
 

@@ -99,9 +99,14 @@ def namespace_problem() -> str | None:
   return None
 
 
+LIBRARY_ENV = 'SEEDACME_LOOPBACK_LIBRARY'
+
+
 def library_path() -> str:
-  """Where `scripts/setup` builds the library: inside the venv this Python runs from."""
-  return os.path.join(sys.prefix, 'lib', 'seedacme', LIBRARY_NAME)
+  """Where `scripts/setup` builds the library: inside the venv this Python runs from
+  (`SEEDACME_LOOPBACK_LIBRARY` names another; tests name a missing one)."""
+  return os.environ.get(LIBRARY_ENV) or os.path.join(sys.prefix, 'lib', 'seedacme',
+                                                     LIBRARY_NAME)
 
 
 def source_digest() -> str:

@@ -20,6 +20,9 @@ from seedacme.launchers import process
 TAG_VAR = 'SEEDACME_TEST_TAG'
 LAUNCHED: List['Run'] = []  # every Run of this pytest process (conftest kills what outlives its test)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Runs a command as on a host where no user namespace can be made (Ubuntu 24.04's
+# default, containers, HPC nodes): ../shared/notes/hosts-without-namespaces.md.
+WITHOUT_NAMESPACES = [os.path.join(REPO, 'scripts', 'without_namespaces')]
 
 
 def tmpdir_without_underscore(prefix: str) -> str:
@@ -98,9 +101,10 @@ class Run:
   """
 
   def __init__(self, args: List[str], workdir: str, logdir: str | None = None,
-               register: str | None = None):
+               register: str | None = None, prefix: List[str] = ()):
     """`register`: a module (importable from the repository) that registers agents or
-    envs before run_local parses its flags (`launchers.process.command`)."""
+    envs before run_local parses its flags (`launchers.process.command`); `prefix`: a
+    command run_local runs under (`WITHOUT_NAMESPACES`: a host without namespaces)."""
     self.tag = uuid.uuid4().hex
     self.logdir = logdir or os.path.join(workdir, 'logdir')
     tmp = os.path.join(workdir, 'tmp')
@@ -112,7 +116,8 @@ class Run:
     env = {'HOME': home, 'TMPDIR': tmp, TAG_VAR: self.tag}
     if register is not None:
       env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
-    self.proc = process.start(args, self.logdir, self._out, env=env, register=register)
+    self.proc = process.start(args, self.logdir, self._out, env=env, register=register,
+                              prefix=prefix)
     LAUNCHED.append(self)
 
   def __enter__(self) -> 'Run':

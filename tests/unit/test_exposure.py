@@ -1,8 +1,8 @@
 """Exposure closed by default: nothing listens beyond loopback unless the user says so.
 
 `run_local` and `seedacme.launchers.local.launch` refuse to start where they cannot
-isolate the program's network (here: `unshare` not on PATH), naming why and how to run
-exposed; the cluster launcher with `--network host` refuses a cluster spec with an
+isolate the program's network at all (here: `unshare` not on PATH, so no namespace, and
+the loopback interposer missing), naming why and how to run exposed; the cluster launcher with `--network host` refuses a cluster spec with an
 address outside loopback and private ranges unless `--allow_public_addresses` (by
 default it is isolated: only its mutual-TLS endpoint listens there,
 tests/unit/test_tls_tunnel.py). The address check runs on parsed specs: nothing is connected to (names resolve through a stand-in resolver).
@@ -22,11 +22,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run(args, tmp_path, timeout=60):
-  """`python args...` with nothing on PATH (no `unshare`, no `ip`); killed with its
-  whole session at `timeout` (a launcher that does not refuse starts a program)."""
+  """`python args...` with nothing on PATH (no `unshare`, no `ip`) and no loopback
+  interposer; killed with its whole session at `timeout` (a launcher that does not
+  refuse starts a program)."""
   empty = tmp_path / 'empty_path'
   empty.mkdir(exist_ok=True)
-  env = dict(os.environ, PATH=str(empty), TMPDIR=str(tmp_path))
+  env = dict(os.environ, PATH=str(empty), TMPDIR=str(tmp_path),
+             SEEDACME_LOOPBACK_LIBRARY=str(tmp_path / 'not_built.so'))
   env.pop('SEEDACME_PRIVATE_NETNS', None)
   proc = subprocess.Popen([sys.executable, *args], cwd=str(tmp_path), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -45,7 +47,8 @@ def test_run_local_refuses_to_run_exposed_when_it_cannot_isolate(tmp_path):
   code, out, err = _run(['-m', 'seedacme.launchers.local', 'catch', 'vtrace', '1',
                          '--max_seconds', '30', '--logdir', str(tmp_path / 'run')], tmp_path)
   assert code == 2, (out, err)
-  assert 'cannot isolate the network (unshare/ip missing)' in err
+  assert 'cannot isolate the network (namespace: unshare is not installed' in err
+  assert 'loopback: ' in err and 'not_built.so is not built' in err
   assert 'no authentication' in err and '--network host' in err
   assert not os.path.exists(tmp_path / 'run' / 'nodes'), 'nodes were started'
 
@@ -61,7 +64,9 @@ def test_the_python_launch_call_refuses_to_run_exposed_when_it_cannot_isolate(tm
       '  print("refused:", e)\n')
   code, out, err = _run([str(script)], tmp_path)
   assert code == 0, err
-  assert out.startswith('refused: cannot isolate the network (unshare/ip missing)'), out
+  assert out.startswith('refused: cannot isolate the network (namespace: unshare is not '
+                        'installed'), out
+  assert 'not_built.so is not built' in out
   assert 'network="host"' in out
 
 

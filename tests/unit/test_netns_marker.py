@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(
     reason='this test process sees loopback only: nothing to be exposed on')
 
 
-def _run(args, tmp_path, path=None, timeout=60):
-  env = dict(os.environ, SEEDACME_PRIVATE_NETNS='1', TMPDIR=str(tmp_path))
+def _run(args, tmp_path, path=None, timeout=60, extra=None):
+  env = dict(os.environ, SEEDACME_PRIVATE_NETNS='1', TMPDIR=str(tmp_path), **(extra or {}))
   if path is not None:
     env['PATH'] = path
   proc = subprocess.Popen([sys.executable, *args], cwd=str(tmp_path), env=env,
@@ -41,14 +41,16 @@ def _run(args, tmp_path, path=None, timeout=60):
 
 @pytest.mark.timeout(90)
 def test_a_marker_set_on_the_host_network_does_not_start_an_exposed_program(tmp_path):
-  empty = tmp_path / 'empty_path'  # no `unshare`: it cannot isolate, so it must refuse
+  # No `unshare` and no loopback interposer: it cannot isolate, so it must refuse.
+  empty = tmp_path / 'empty_path'
   empty.mkdir()
   code, out, err = _run(['-m', 'seedacme.launchers.local', 'catch', 'vtrace', '1',
                          '--max_seconds', '30', '--logdir', str(tmp_path / 'run')],
-                        tmp_path, path=str(empty))
+                        tmp_path, path=str(empty),
+                        extra={'SEEDACME_LOOPBACK_LIBRARY': str(tmp_path / 'none.so')})
   assert code == 2, (out, err[-3000:])
   assert 'SEEDACME_PRIVATE_NETNS is set, but this process sees network interfaces' in err
-  assert 'cannot isolate the network (unshare/ip missing)' in err
+  assert 'cannot isolate the network (namespace: unshare is not installed' in err
   assert not os.path.exists(tmp_path / 'run' / 'nodes'), 'nodes were started'
 
 
