@@ -80,8 +80,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  'unauthenticated (' + EXPOSURE + ')')
   p.add_argument('--tls_dir', default=None,
                  help='this host\'s own credentials: ca.pem plus cert.pem and key.pem '
-                 '(or ca.key to issue them from); default: a CA made for the run in '
-                 '<logdir>/tls')
+                 '(or ca.key to issue them from, which puts the CA key on every host); '
+                 'default: the first host to start makes the run\'s CA in memory, a '
+                 'certificate per host of the spec in <logdir>/tls, and no CA key '
+                 'anywhere (valid for the time budget plus a day, removed when the run '
+                 'ends)')
   p.add_argument('--allow_public_addresses', action='store_true',
                  help='with --network host: accept cluster spec addresses outside '
                  'loopback and private ranges (refused by default: ' + EXPOSURE + ')')
@@ -218,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if hosts and args.network == 'host':
     print(f'cluster: --network host: {EXPOSURE}' +
           (' (public addresses allowed by flag)' if exposed else ''), file=sys.stderr)
-  problem = bucket_problem(args.network, logdir)
+  # Another user's logdir (or one others can write into) is refused here, in one line.
+  problem = bucket_problem(args.network, logdir) or \
+      emulation.logdir_lib.local_logdir_problem(logdir)
   if problem:
     print(f'cluster: {problem}', file=sys.stderr)
     return 2
@@ -254,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   code_directory = vertex.stage_code_directory()
   return emulation.run(program, pools, host_resources(list(pools), code_directory), logdir,
                        args.replica_logs, hosts, mine, launcher='cluster',
-                       network=args.network, tls_dir=args.tls_dir)
+                       network=args.network, tls_dir=args.tls_dir,
+                       time_budget_s=config.time_budget)
 
 
 if __name__ == '__main__':

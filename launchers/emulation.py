@@ -89,6 +89,14 @@ def build_pools(program, pools: Dict[str, List[str]], resources) -> List[BuiltPo
     Each pool's executable, in the order of `pools`.
   """
   from launchpad import context as lp_context  # pylint: disable=g-import-not-at-top
+  import stat  # pylint: disable=g-import-not-at-top
+  from seedacme.runtime import owned_paths  # pylint: disable=g-import-not-at-top
+  # Launchpad makes each executable with mkdtemp (0700) under the temp dir, and the
+  # replicas run from there: a temp dir others can write into without the sticky bit
+  # would let them rename ours away and put their own in its place.
+  problem = owned_paths.base_problem(tempfile.gettempdir())
+  if problem:
+    raise owned_paths.UnsafePathError(f'refusing to build executables under {problem}')
   launch_type = lp_context.LaunchType.VERTEX_AI
   for label, nodes in program.groups.items():
     for node in nodes:
@@ -111,10 +119,15 @@ def build_pools(program, pools: Dict[str, List[str]], resources) -> List[BuiltPo
     built.append(BuiltPool(pool, container.path, command, len(nodes)))
   # to_docker_executables draws temp dirs until one has no '_' and leaves the rejected
   # (empty) ones behind: remove those.
+  # Only this user's: a shared temp dir holds other users' new dirs too.
   for name in set(os.listdir(tempfile.gettempdir())) - before:
     path = os.path.join(tempfile.gettempdir(), name)
-    if '_' in name and os.path.isdir(path) and not os.listdir(path):
-      os.rmdir(path)
+    try:
+      st = os.lstat(path)
+      if '_' in name and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        os.rmdir(path)  # fails on a non-empty dir: only an empty one goes
+    except OSError:
+      pass
   return built
 
 
@@ -209,8 +222,11 @@ class Replicas:
       env[FORBIDDEN_SOURCE_ENV] = forbidden_source
     # The container's `python` is the image's; here, this interpreter (its packages).
     argv = [sys.executable if command[0] == 'python' else command[0], *command[1:]]
-    os.makedirs(log_dir, exist_ok=True)
-    with open(os.path.join(log_dir, f'{pool}-{index}'), 'w') as log:
+    from seedacme.runtime import owned_paths  # pylint: disable=g-import-not-at-top
+    # This user's and not writable by others (or refused), and the log never opened
+    # through a link: no one else can plant one where a replica's output goes.
+    owned_paths.owned_dir(log_dir, 0o755, purpose='replica log dir', own_links=True)
+    with owned_paths.open_nofollow(os.path.join(log_dir, f'{pool}-{index}')) as log:
       self.procs[f'{pool}/{index}'] = subprocess.Popen(
           [*prefix, *argv], cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -251,27 +267,64 @@ class Replicas:
 
 def open_tunnel(spec: Dict[str, List[str]], mine: Set[Tuple[str, int]],
                 every: Set[Tuple[str, int]], logdir: str, tls_dir: str | None,
-                run_name: str, launcher: str):
-  """(tunnel, the cluster spec this host's replicas see): a private namespace, and a
-  mutual-TLS endpoint in front of it when replicas run elsewhere too."""
+                run_name: str, launcher: str, time_budget_s: float | None = None):
+  """(tunnel, the cluster spec this host's replicas see, `ended`): a private namespace,
+  and a mutual-TLS endpoint in front of it when replicas run elsewhere too.
+
+  The credentials (`tls_tunnel.host_credentials`) cover what the run's clock has left
+  of `time_budget_s` (None: no time budget). `ended()`, called once this host's
+  replicas are done, removes the run's set from the logdir when this host runs the
+  central node and the run wrote its summary meanwhile: the run ended (after a crash
+  the set stays, so a relaunch rejoins the hosts still running with it).
+  """
+  from seedacme.run import monitor  # pylint: disable=g-import-not-at-top
   from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
   if mine == every:  # one host: loopback only, no one to authenticate
-    return tls_tunnel.Tunnel(None, None), spec
+    return tls_tunnel.Tunnel(None, None), spec, lambda: None
   plan, seen = tls_tunnel.plan(spec, mine)
+  hosts = tls_tunnel.spec_hosts(spec)  # every host runs the same spec: one set for all
+  central = ('learner', 0) in mine  # its host renews the run's set and removes it
+
+  def mtime(path):
+    try:
+      return os.stat(path).st_mtime_ns
+    except OSError:
+      return None
+  summary = os.path.join(logdir, logdir_lib.SUMMARY)
+  summary_before = mtime(summary)
+  needed_s = time_budget_s
+  if needed_s is not None and '://' not in logdir:
+    try:
+      needed_s -= float(logdir_lib.read_json(os.path.join(logdir, monitor.RUN_CLOCK))
+                        ['elapsed_s'])
+    except (OSError, ValueError, TypeError, KeyError):
+      pass  # a first start (no clock yet): the whole budget
   work = tempfile.mkdtemp(prefix='seedacme-tls-')
-  creds = tls_tunnel.host_credentials(logdir, tls_dir, plan.address, run_name, work)
-  tunnel = tls_tunnel.Tunnel(plan, creds)
-  shutil.rmtree(work, ignore_errors=True)  # the contexts hold the key now
+  try:
+    creds = tls_tunnel.host_credentials(logdir, tls_dir, plan.address, run_name, work,
+                                        hosts, needed_s, central)
+    tunnel = tls_tunnel.Tunnel(plan, creds)
+  finally:
+    shutil.rmtree(work, ignore_errors=True)  # the contexts hold the key now
+  tls_root = os.path.join(logdir, tls_tunnel.TLS_DIR)
   print(f'{launcher}: replicas in a private network namespace; mutual TLS on '
         f'{plan.address} ports {plan.inbound}; {len(plan.outbound)} peers through it '
-        f'(credentials: {tls_dir or os.path.join(logdir, "tls")})', flush=True)
-  return tunnel, seen
+        f'(credentials: {tls_dir or tls_tunnel.run_credentials_dir(tls_root, hosts)})',
+        flush=True)
+
+  def ended():
+    if central and not tls_dir and mtime(summary) != summary_before and \
+        tls_tunnel.remove_run_credentials(tls_root, hosts):
+      print(f'{launcher}: the run ended; its TLS credentials removed from {tls_root}',
+            flush=True)
+  return tunnel, seen, ended
 
 
 def run(program, pools: Dict[str, List[str]], resources, logdir: str,
         log_dir: str | None = None, hosts: Dict[str, List[str]] | None = None,
         mine: Set[Tuple[str, int]] | None = None, launcher: str = 'emulation',
-        network: str = 'isolated', tls_dir: str | None = None) -> int:
+        network: str = 'isolated', tls_dir: str | None = None,
+        time_budget_s: float | None = None) -> int:
   """Builds the executables and runs this host's replicas until the program ends.
 
   Args:
@@ -289,7 +342,9 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
       endpoint of the run is the only thing on this host's address
       (`seedacme.wire.tls_tunnel`); 'host': on the host's network, exposed.
     tls_dir: the user's own credentials (see `tls_tunnel.host_credentials`); default:
-      the run's CA in `<logdir>/tls`.
+      the run's own in `<logdir>/tls`, removed when the run ends.
+    time_budget_s: the run's time budget (`ProgramConfig.time_budget`): how long the
+      run's credentials must last.
 
   Returns:
     0 when every replica exited 0, else 1.
@@ -299,7 +354,7 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   mine = every if mine is None else mine
   built = build_pools(program, pools, resources)
   spec = cluster_spec(counts, hosts)
-  tunnel, seen = None, spec
+  tunnel, seen, ended = None, spec, lambda: None
   if network == 'isolated':
     from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
     problem = tls_tunnel.namespace_problem()
@@ -308,7 +363,12 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
             'replicas would listen unauthenticated on every interface; refusing',
             file=sys.stderr, flush=True)
       return 2
-    tunnel, seen = open_tunnel(spec, mine, every, logdir, tls_dir, program.name, launcher)
+    try:
+      tunnel, seen, ended = open_tunnel(spec, mine, every, logdir, tls_dir, program.name,
+                                        launcher, time_budget_s)
+    except tls_tunnel.TunnelError as e:
+      print(f'{launcher}: {e}', file=sys.stderr, flush=True)
+      return 2
   summary = os.path.join(logdir, logdir_lib.SUMMARY) if mine != every else None
   replicas = Replicas(summary_path=summary)
   signal.signal(signal.SIGTERM, replicas.request_stop)
@@ -329,5 +389,6 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
     if tunnel is not None:
       print(f'{launcher}: TLS endpoint {tunnel.counters.as_dict()}', flush=True)
       tunnel.close()
+    ended()
   print(f'{launcher}: replicas ended: {codes}', flush=True)
   return 1 if any(c != 0 for c in codes.values()) else 0

@@ -31,7 +31,8 @@ _SCENARIO = textwrap.dedent('''
     spec = {'learner': ['127.0.0.2:7001'], 'actor': ['127.0.0.3:7100']}
     plan_a, _ = tt.plan(spec, [('learner', 0)])
     plan_b, _ = tt.plan(spec, [('actor', 0)])
-    creds = {h: tt.host_credentials(work, None, h, 'run1', tempfile.mkdtemp(dir=work))
+    creds = {h: tt.host_credentials(work, None, h, 'run1', tempfile.mkdtemp(dir=work),
+                                    hosts=['127.0.0.2', '127.0.0.3'])
              for h in ('127.0.0.2', '127.0.0.3')}
     a, b = tt.Tunnel(plan_a, creds['127.0.0.2']), tt.Tunnel(plan_b, creds['127.0.0.3'])
     counts = os.path.join(work, 'backend.log')
@@ -164,23 +165,30 @@ def test_the_plan_rewrites_the_spec_to_loopback_and_aliases():
     tls_tunnel.plan(spec, [('replay', 0), ('actor', 1)])
 
 
-def test_credentials_are_private_and_one_ca_wins_a_race(tmp_path):
-  target = str(tmp_path / 'logdir' / 'tls')
+# ---- The run's credentials (issue 62, items 2-3; more in test_tls_credentials.py)
+
+
+def test_credentials_are_private_and_one_set_wins_a_race(tmp_path):
+  root = str(tmp_path / 'logdir' / 'tls')
+  hosts = ['10.0.0.1', '10.0.0.2']
   made = []
   threads = [threading.Thread(target=lambda: made.append(
-      tls_tunnel.ensure_run_ca(target, 'run'))) for _ in range(4)]
+      tls_tunnel.ensure_run_credentials(root, hosts, 'run'))) for _ in range(4)]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
+  target = tls_tunnel.run_credentials_dir(root, hosts)
   assert made == [target] * 4
-  assert sorted(os.listdir(target)) == ['ca.key', 'ca.pem']
-  assert sorted(os.listdir(tmp_path / 'logdir')) == ['tls']  # no staging dir left
-  assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
-  for name in ('ca.key', 'ca.pem'):
-    assert stat.S_IMODE(os.stat(os.path.join(target, name)).st_mode) == 0o600
+  assert os.listdir(root) == [os.path.basename(target)]  # no staging dir left
+  assert sorted(os.listdir(target)) == ['ca.pem', 'hosts', 'hosts.json']  # no ca.key
+  for here, _, files in os.walk(root):
+    assert stat.S_IMODE(os.stat(here).st_mode) == 0o700, here
+    for name in files:
+      assert stat.S_IMODE(os.stat(os.path.join(here, name)).st_mode) == 0o600, name
   creds = tls_tunnel.host_credentials(str(tmp_path / 'logdir'), None, '10.0.0.1', 'run',
-                                      str(tmp_path))
+                                      str(tmp_path), hosts)
+  assert creds.ca == os.path.join(target, 'ca.pem')
   assert stat.S_IMODE(os.stat(creds.key).st_mode) == 0o600
   server, client = tls_tunnel.contexts(creds)
   assert server.verify_mode == client.verify_mode == tls_tunnel.ssl.CERT_REQUIRED
