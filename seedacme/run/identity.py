@@ -58,6 +58,10 @@ difference (`saved <missing>`: a config saved by code older than the field), a
 checkpoint without a saved config is refused unless `--allow_config_change '*'`
 says to adopt this run's, and `--allow_config_change game` no longer allows
 `env_args.game` (nor any other field named `game`): only the path it names.
+
+Why ~490 lines: a run's identity must describe any env factory a user composes
+(closures, lambdas, partials, bound methods, objects) exactly or say what it could not;
+the describer and the comparison that names differences share those rules.
 """
 
 import dataclasses

@@ -32,6 +32,9 @@ The library is built by `scripts/setup` (`python -m seedacme.runtime.isolation b
 into the venv, `<sys.prefix>/lib/seedacme/libloopback_bind.so`, with the source's
 SHA-256 compiled into it, so a library built from an older source is found stale here
 rather than silently preloaded. Stdlib only: launchers import this before anything heavy.
+
+Why ~380 lines: building and finding the interposer, probing both mechanisms truthfully,
+and reading what actually listens from /proc are one decision: which isolation holds.
 """
 
 import ctypes

@@ -27,6 +27,10 @@ batches of at most its envs, at most one episode per env step, |return| <= the r
 bound x length; `ReportIntake` adds a rate bound per source (`MAX_ENV_STEPS_PER_S`).
 A real actor's reports are far inside all of these. A peer can still report plausible
 figures that are false: the TLS boundary, not these checks, decides who may report.
+
+Why ~370 lines: the report's wire form, and the checks of every field against the
+program's sources (types, ranges, what a source could have stepped) that make the
+intake safe to sum, are one contract; split, each half would restate the other's.
 """
 
 import dataclasses

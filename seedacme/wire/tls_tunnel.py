@@ -35,14 +35,14 @@ from an address its certificate does not name (a leaf copied elsewhere;
 
 Strangers who only open connections (issue 62): the endpoint accepts in a thread of its
 own and lets a connection start a handshake only within a budget (`Limits`,
-`_Admission`). Each of the run's other hosts (the spec's addresses, names resolved) has
+`Admission`). Each of the run's other hosts (the spec's addresses, names resolved) has
 its own (64 at once, a 10 s deadline); every other address shares one (16 at once per
 address, 256 in all, 20 a second per address, 200 in all, a 3 s deadline). Over a
 budget a connection is reset before a byte of it is read; a stranger that keeps coming
 over its rate is shunned, its packets dropped in the kernel by a filter on the
 listeners for 30 s (doubling each time). The soft descriptor limit is raised to the
 hard one. A refusal is counted by reason (`Counters`, printed by the launcher at exit);
-what the endpoint says goes through `_RateLog`: once a minute per peer and port or
+what the endpoint says goes through `RateLog`: once a minute per peer and port or
 error kind, at most 30 lines a minute, a bounded memory of keys. Measured
 (tests/integration/test_tls_flood.py: a stranger emulated host flooding the central
 node's host from four processes for 30 s): cross-host acting kept 0.80-1.13 of its env
@@ -160,7 +160,7 @@ def _pem_cert(cert) -> bytes:
   return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _load_cert(path: str):
+def load_cert(path: str):
   from cryptography import x509  # pylint: disable=g-import-not-at-top
   with open(path, 'rb') as f:
     return x509.load_pem_x509_certificate(f.read())
@@ -197,7 +197,7 @@ def _is_ip(host: str) -> bool:
     return False
 
 
-def _resolve(name: str) -> List[str]:
+def resolve_host(name: str) -> List[str]:
   """Every address `name` resolves to here ([] if none): a lookup, no connection."""
   try:
     infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
@@ -247,7 +247,7 @@ def _new_leaf(ca_key, ca_cert, host: str, run_name: str, lifetime_s: float
   if _is_ip(host):
     alt = [x509.IPAddress(_ip(host))]
   else:
-    addresses = _resolve(_check_host(host))
+    addresses = resolve_host(_check_host(host))
     if not addresses:
       raise TunnelError(f'the cluster spec\'s host {host} does not resolve here: its '
                         'certificate must name its addresses (every host of the run must '
@@ -286,7 +286,7 @@ def issue_leaf(ca_dir: str, address: str, out_dir: str, run_name: str,
   from cryptography.hazmat.primitives import serialization  # pylint: disable=g-import-not-at-top
   with open(os.path.join(ca_dir, CA_KEY), 'rb') as f:
     ca_key = serialization.load_pem_private_key(f.read(), None)
-  key_pem, cert_pem = _new_leaf(ca_key, _load_cert(os.path.join(ca_dir, CA_CERT)),
+  key_pem, cert_pem = _new_leaf(ca_key, load_cert(os.path.join(ca_dir, CA_CERT)),
                                 address, run_name, lifetime_s)
   cert_path, key_path = os.path.join(out_dir, CERT), os.path.join(out_dir, KEY)
   for path in (cert_path, key_path):
@@ -349,8 +349,8 @@ def _set_state(target: str, hosts: List[str], required_s: float) -> str | None:
     if made_for != hosts:
       raise TunnelError(f'the run\'s TLS credentials in {target} were made for the hosts '
                         f'{made_for}, not the cluster spec\'s {hosts}: {remove}')
-    ca = _load_cert(os.path.join(target, CA_CERT))
-    leaves = [_load_cert(os.path.join(target, HOSTS_DIR, h, CERT)) for h in hosts]
+    ca = load_cert(os.path.join(target, CA_CERT))
+    leaves = [load_cert(os.path.join(target, HOSTS_DIR, h, CERT)) for h in hosts]
     for h in hosts:
       os.stat(os.path.join(target, HOSTS_DIR, h, KEY))
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -488,13 +488,13 @@ def _own_address_problem(address: str, cert_path: str) -> str | None:
   if _is_ip(address):
     return None
   try:
-    alt = _load_cert(cert_path).extensions.get_extension_for_class(
+    alt = load_cert(cert_path).extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
     ips = [str(ip) for ip in alt.get_values_for_type(x509.IPAddress)]
   except x509.ExtensionNotFound:
     ips = []
   named = {_ip(ip) for ip in ips}
-  stray = [a for a in _resolve(address) if _ip(a) not in named]
+  stray = [a for a in resolve_host(address) if _ip(a) not in named]
   if not stray:
     return None
   return (f'{address} resolves here to {", ".join(stray)}, which its certificate '
@@ -659,7 +659,7 @@ class _Keeper:
 # The relay
 
 
-class _RateLog:
+class RateLog:
   """Lines to stderr, bounded three ways so that no scan or flood can fill the
   launcher's log or this process's memory: a key (a peer and port, an error's kind) is
   said at most once per `every_s`, its next line counting those unsaid since; at most
@@ -706,17 +706,17 @@ class _RateLog:
     return True
 
 
-_LOG = _RateLog()
+_LOG = RateLog()
 
 
 def _say(line: str, key: str | None = None) -> None:
-  """Logs `line` at a bounded rate (`_RateLog`): once a minute per `key` (default:
+  """Logs `line` at a bounded rate (`RateLog`): once a minute per `key` (default:
   the line up to ' at ', its peer and port). The counters count every refusal."""
   _LOG.say(key or line.split(' at ')[0], line)
 
 
 # Why a connection was refused (`Counters.refused_by`): before its handshake, over a
-# budget of `_Admission`; at it, its deadline passed, its certificate (none, or not of
+# budget of `Admission`; at it, its deadline passed, its certificate (none, or not of
 # the run's CA), anything else that broke the handshake (junk, a reset), or a leaf of
 # the run used from an address it does not name (`address_problem`).
 REFUSALS = ('over_total', 'over_source', 'over_rate', 'handshake_timeout',
@@ -769,7 +769,7 @@ class Counters:
 
 
 class Limits(NamedTuple):
-  """The endpoint's admission budgets (`_Admission`) and handshake deadline."""
+  """The endpoint's admission budgets (`Admission`) and handshake deadline."""
   # Accept to a finished handshake: a stranger that sends nothing holds its place this
   # long. The run's peers, during a flood on 2 cores, took at most 0.18 s at load 2
   # and 1.8 s at load 12-17 (tests/unit/test_tls_flood.py); their own budget is what
@@ -783,7 +783,7 @@ class Limits(NamedTuple):
   stranger_burst: int = 40        # ... at once after a quiet spell
   stranger_total_rate: float = 200.0  # ... every other address together
   # A stranger still over its rate after this many refusals in a row is shunned: the
-  # kernel drops its SYNs (`_shun_filter`) for `shun_s`, doubling each time (to 10 min).
+  # kernel drops its SYNs (`shun_filter`) for `shun_s`, doubling each time (to 10 min).
   shun_after: int = 40
   shun_s: float = 30.0
   max_shunned: int = 1024
@@ -791,7 +791,7 @@ class Limits(NamedTuple):
 
 
 LIMITS = Limits()
-_MAX_SOURCES = 4096  # strangers whose rate is remembered (the least recent forgotten)
+MAX_SOURCES = 4096  # strangers whose rate is remembered (the least recent forgotten)
 
 
 def _source(peer: str) -> str:
@@ -836,7 +836,7 @@ def _refill(bucket: Tuple[float, float] | None, now: float, rate: float,
   return min(float(burst), bucket[0] + (now - bucket[1]) * rate)
 
 
-class _Admission:
+class Admission:
   """Who may start a handshake now (`Limits`, the section's comment): `admit` says
   why not (a `REFUSALS` reason) or None, and then counts the connection as in
   handshake until `release` (the accepting thread admits, the relay's releases)."""
@@ -877,7 +877,7 @@ class _Admission:
     taken = 1.0 if mine >= 1.0 and everyone >= 1.0 else 0.0
     self._rate[source] = (mine - taken, now)  # re-inserted: the most recent last
     self._total_rate = (everyone - taken, now)
-    if len(self._rate) > _MAX_SOURCES:  # forget the least recent quarter
+    if len(self._rate) > MAX_SOURCES:  # forget the least recent quarter
       for key in list(itertools.islice(self._rate, len(self._rate) // 4)):
         for state in (self._rate, self._over, self._shunned_before):
           state.pop(key, None)
@@ -950,7 +950,7 @@ def _raise_descriptor_limit() -> int:
   return want
 
 
-def _exception_handler(counters: Counters):
+def exception_handler(counters: Counters):
   """The event loop's handler for what no task catches. asyncio reports a failed
   accept() of a `start_server` listener (the alias ports) there with its traceback,
   each time: 15,607 of them in 30 s of a flood (issue 62). Here each is counted and
@@ -969,7 +969,7 @@ _SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux; the socket module lacks 
 _SKF_NET_OFF = -0x100000  # a classic BPF load's offset from the network header
 
 
-def _shun_filter(sock: socket.socket, addresses) -> None:
+def shun_filter(sock: socket.socket, addresses) -> None:
   """Sets a classic BPF filter on the listening socket `sock` that drops every packet
   from `addresses` (its family's) in the kernel, SYNs included: a shunned stranger's
   connect() waits out its retransmissions instead of costing the endpoint an accept()
@@ -1038,7 +1038,7 @@ def _listeners(address: str, port: int, backlog: int) -> List[socket.socket]:
   return made
 
 
-def _accept_loop(listening: Dict[socket.socket, int], admission: _Admission,
+def _accept_loop(listening: Dict[socket.socket, int], admission: Admission,
                  counters: Counters, hand_over, stop: threading.Event) -> None:
   """accept() on the endpoint's ports (`listening`: socket -> port) until `stop`, in
   a thread of its own, so that the relay's event loop (the run's bytes) never waits
@@ -1097,7 +1097,7 @@ def _accept_loop(listening: Dict[socket.socket, int], admission: _Admission,
             return
 
 
-def _apply_shunning(listening: Dict[socket.socket, int], admission: _Admission,
+def _apply_shunning(listening: Dict[socket.socket, int], admission: Admission,
                     counters: Counters) -> int:
   """The listening sockets' filters made to drop what `admission` shuns now; the
   version of it done. Where the kernel takes no filter, said (the refusals go on
@@ -1106,7 +1106,7 @@ def _apply_shunning(listening: Dict[socket.socket, int], admission: _Admission,
   counters.shunned = times
   try:
     for sock in listening:
-      _shun_filter(sock, list(shunned))
+      shun_filter(sock, list(shunned))
   except OSError as e:
     _say(f'cannot shun strangers in the kernel ({e}): their connections are refused '
          'one at a time', key='shun filter')
@@ -1188,7 +1188,7 @@ def _resolve_recent(name: str) -> List[str]:
   if hit is None or now - hit[0] > RESOLVED_TTL_S:
     if len(_resolved) >= 256:
       _resolved.clear()
-    hit = _resolved[name] = (now, _resolve(name))
+    hit = _resolved[name] = (now, resolve_host(name))
   return hit[1]
 
 
@@ -1228,12 +1228,12 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
   connection within its deadline, then the relay; and a listener in the namespace
   per outbound alias."""
   loop = asyncio.get_running_loop()
-  loop.set_exception_handler(_exception_handler(counters))
+  loop.set_exception_handler(exception_handler(counters))
   peers, unresolved = await loop.run_in_executor(None, peer_addresses, plan_)
   if unresolved:
     _say(f'the run\'s hosts {", ".join(unresolved)} do not resolve: their connections '
          'share the budget of strangers', key='unresolved')
-  admission = _Admission(peers, limits)
+  admission = Admission(peers, limits)
   servers, listening, tasks, stop = [], {}, set(), threading.Event()
   acceptor = None
 

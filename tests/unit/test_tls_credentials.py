@@ -35,7 +35,7 @@ DAY = 86400.0
 
 
 def _cert(path: str):
-  return tls_tunnel._load_cert(path)  # pylint: disable=protected-access
+  return tls_tunnel.load_cert(path)  # pylint: disable=protected-access
 
 
 def _left_s(path: str) -> float:
@@ -225,7 +225,7 @@ def test_the_central_host_removes_the_set_when_the_run_ends(tmp_path):
 
 
 def test_a_named_host_gets_its_addresses_and_its_copied_leaf_is_refused(tmp_path):
-  addresses = tls_tunnel._resolve('localhost')  # pylint: disable=protected-access
+  addresses = tls_tunnel.resolve_host('localhost')  # pylint: disable=protected-access
   assert '127.0.0.1' in addresses
   creds = _creds(tmp_path, 'localhost', hosts=['localhost', '10.0.0.2'])
   cert = _peer_cert(creds.cert)

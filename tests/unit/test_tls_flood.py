@@ -15,7 +15,7 @@ and refused by the endpoint). At c8a4f53 the same flood took the endpoint to its
 descriptor limit, B's new connections timed out, and 62,118 lines were logged in 15 s
 (a traceback per failed accept()).
 
-The admission rules (`_Admission`), the log's bounds (`_RateLog`), the kernel filter
+The admission rules (`Admission`), the log's bounds (`RateLog`), the kernel filter
 that shuns, and accept() out of descriptors are checked directly below.
 """
 
@@ -199,7 +199,7 @@ def test_the_runs_hosts_have_a_budget_strangers_cannot_use():
   now = [0.0]
   limits = tls_tunnel.Limits(peer_per_source=3, stranger_total=4, stranger_per_source=2,
                              stranger_rate=10.0, stranger_burst=5)
-  admission = tls_tunnel._Admission(frozenset({'10.0.0.2'}), limits, clock=lambda: now[0])
+  admission = tls_tunnel.Admission(frozenset({'10.0.0.2'}), limits, clock=lambda: now[0])
   # Strangers: two at once from one address, four from all together.
   assert [admission.admit('10.0.0.9') for _ in range(3)] == [None, None, 'over_source']
   assert admission.admit('10.0.0.8') is None and admission.admit('10.0.0.7') is None
@@ -224,7 +224,7 @@ def test_the_runs_hosts_have_a_budget_strangers_cannot_use():
   now[0] += 0.1  # one more token
   assert admission.admit('10.0.0.5') is None and admission.admit('10.0.0.5') == 'over_rate'
   # And in total: many addresses, each within its own rate, not beyond the strangers'.
-  admission = tls_tunnel._Admission(frozenset({'10.0.0.2'}), limits._replace(
+  admission = tls_tunnel.Admission(frozenset({'10.0.0.2'}), limits._replace(
       stranger_total=100, stranger_total_rate=10.0), clock=lambda: now[0])
   outcomes = [admission.admit(f'10.1.0.{i}') for i in range(25)]
   assert outcomes == [None] * 20 + ['over_rate'] * 5  # a burst of twice the rate
@@ -232,9 +232,9 @@ def test_the_runs_hosts_have_a_budget_strangers_cannot_use():
 
 
 def test_rate_state_stays_bounded_under_a_scan_from_many_addresses(monkeypatch):
-  monkeypatch.setattr(tls_tunnel, '_MAX_SOURCES', 100)
+  monkeypatch.setattr(tls_tunnel, 'MAX_SOURCES', 100)
   now = [0.0]
-  admission = tls_tunnel._Admission(frozenset(), tls_tunnel.Limits(), clock=lambda: now[0])
+  admission = tls_tunnel.Admission(frozenset(), tls_tunnel.Limits(), clock=lambda: now[0])
   for i in range(5000):  # 100 addresses a second: within the strangers' total rate
     now[0] += 0.01
     address = f'10.{i // 65536}.{i // 256 % 256}.{i % 256}'
@@ -253,7 +253,7 @@ def test_the_log_is_bounded_per_key_in_all_and_in_keys_remembered():
     def flush(self):
       pass
 
-  log = tls_tunnel._RateLog(every_s=60.0, per_minute=5, max_keys=10,
+  log = tls_tunnel.RateLog(every_s=60.0, per_minute=5, max_keys=10,
                             clock=lambda: now[0], stream=Stream())
   for _ in range(100):
     log.say('refused 10.0.0.9 on port 7001', 'refused 10.0.0.9 on port 7001 (x)')
@@ -321,7 +321,7 @@ def test_out_of_descriptors_accept_errors_are_counted_and_said_once_without_trac
 
 def test_the_loops_own_reports_are_counted_and_said_once_a_minute(capsys):
   counters = tls_tunnel.Counters()
-  handler = tls_tunnel._exception_handler(counters)
+  handler = tls_tunnel.exception_handler(counters)
   for _ in range(500):  # what asyncio's start_server reports of a failed accept()
     handler(None, {'message': 'socket.accept() out of system resource',
                    'exception': OSError(tls_tunnel.errno.EMFILE, 'Too many open files')})
@@ -334,7 +334,7 @@ def test_a_stranger_over_its_rate_is_shunned_for_a_while_and_longer_the_next_tim
   now = [0.0]
   limits = tls_tunnel.Limits(stranger_rate=10.0, stranger_burst=5, shun_after=3,
                              shun_s=30.0)
-  admission = tls_tunnel._Admission(frozenset({'10.0.0.2'}), limits, clock=lambda: now[0])
+  admission = tls_tunnel.Admission(frozenset({'10.0.0.2'}), limits, clock=lambda: now[0])
   outcomes = []
   for _ in range(8):
     outcomes.append(admission.admit('10.0.0.9'))
@@ -378,10 +378,10 @@ def test_the_kernel_drops_a_shunned_addresss_syns_at_the_listener():
   listener.listen(16)
   port = listener.getsockname()[1]
   try:
-    tls_tunnel._shun_filter(listener, ['127.0.0.9', '10.1.2.3', '::1'])
+    tls_tunnel.shun_filter(listener, ['127.0.0.9', '10.1.2.3', '::1'])
     assert _dial(port, '127.0.0.9') == 'TimeoutError'  # its SYN dropped: no answer
     assert _dial(port, '127.0.0.5') == 'connected'
-    tls_tunnel._shun_filter(listener, [])  # no one shunned: the filter goes
+    tls_tunnel.shun_filter(listener, [])  # no one shunned: the filter goes
     assert _dial(port, '127.0.0.9') == 'connected'
   finally:
     listener.close()
@@ -395,9 +395,9 @@ def test_the_kernel_drops_a_shunned_addresss_syns_at_the_listener():
   listener.listen(16)
   port = listener.getsockname()[1]
   try:
-    tls_tunnel._shun_filter(listener, ['::2', '127.0.0.1'])
+    tls_tunnel.shun_filter(listener, ['::2', '127.0.0.1'])
     assert _dial(port, '::1', socket.AF_INET6, '::1') == 'connected'
-    tls_tunnel._shun_filter(listener, ['::2', '::1'])
+    tls_tunnel.shun_filter(listener, ['::2', '::1'])
     assert _dial(port, '::1', socket.AF_INET6, '::1') == 'TimeoutError'
   finally:
     listener.close()
