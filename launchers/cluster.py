@@ -41,7 +41,7 @@ def bucket_problem(network: str, logdir: str) -> str | None:
   """Why `logdir` cannot serve replicas on `network`, or None. Isolated replicas reach
   loopback and the run's peers only (the TLS tunnel): a bucket is out of their reach,
   and a first checkpoint would fail minutes in. (The Slurm launcher asks the same.)"""
-  if network == 'isolated' and '://' in logdir:
+  if network != 'host' and '://' in logdir:
     return (f'--network isolated cannot use the logdir {logdir}: its replicas reach only '
             'loopback and the run\'s hosts, not a bucket. Use a shared filesystem path '
             '(NFS), or --network host on a private network')
@@ -72,11 +72,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='build the program, check --cluster_spec and --replicas, print which '
                  'replica starts where; start nothing (needs no xmanager)')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
-  p.add_argument('--network', choices=('isolated', 'host'), default='isolated',
+  p.add_argument('--network', choices=('isolated', 'loopback', 'host'), default='isolated',
                  help='isolated: this host\'s replicas run in a private network namespace '
-                 'with only loopback, and the only thing listening on its spec address is '
-                 'the run\'s mutual-TLS endpoint (refuses to start where a namespace cannot '
-                 'be made); host: every replica listens on every interface, '
+                 'with only loopback (where none can be made: their servers kept on '
+                 'loopback, other uids refused at accept), and the only thing listening '
+                 'on its spec address is the run\'s mutual-TLS endpoint; refuses to start '
+                 'where neither holds; loopback: that fallback even where a namespace '
+                 'could be made; host: every replica listens on every interface, '
                  'unauthenticated (' + EXPOSURE + ')')
   p.add_argument('--tls_dir', default=None,
                  help='this host\'s own credentials: ca.pem plus cert.pem and key.pem '
@@ -227,12 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   if problem:
     print(f'cluster: {problem}', file=sys.stderr)
     return 2
-  if not args.dry_run and args.network == 'isolated':
-    from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
-    problem = tls_tunnel.namespace_problem()
-    if problem:
-      print(f'cluster: cannot make a private network namespace ({problem}), so every '
-            f'replica would listen on every interface: {EXPOSURE}. Refusing to start; '
+  if not args.dry_run and args.network != 'host':
+    from seedacme.runtime import isolation  # pylint: disable=g-import-not-at-top
+    chosen = isolation.choose_isolation(
+        ('namespace', 'loopback') if args.network == 'isolated' else ('loopback',))
+    if chosen.mechanism is None:
+      print(f'cluster: cannot isolate the replicas ({chosen.reason}), so every replica '
+            f'would listen on every interface: {EXPOSURE}. Refusing to start; '
             '--network host runs exposed anyway (on a private network or VPN)',
             file=sys.stderr)
       return 2

@@ -214,8 +214,11 @@ class Replicas:
 
   def start(self, pool: str, directory: str, command: List[str], index: int,
             cluster: Dict[str, List[str]], forbidden_source: str | None,
-            log_dir: str, prefix: List[str] = ()) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH',)}
+            log_dir: str, prefix: List[str] = (),
+            environ: Dict[str, str] | None = None) -> None:
+    """`environ`: the replica's base environment (default this process's)."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if k not in ('PYTHONPATH',)}
     env['CLUSTER_SPEC'] = json.dumps({'cluster': cluster,
                                       'task': {'type': pool, 'index': index}})
     if forbidden_source:
@@ -232,6 +235,10 @@ class Replicas:
 
   def request_stop(self, *_) -> None:
     self._stop.set()
+
+  def stopping(self, timeout_s: float) -> bool:
+    """Waits up to `timeout_s`; whether a stop was asked meanwhile."""
+    return self._stop.wait(timeout_s)
 
   def wait(self, launcher: str = 'emulation') -> Dict[str, int]:
     """Until every replica ended (or a stop was asked); returns their exit codes."""
@@ -267,7 +274,8 @@ class Replicas:
 
 def open_tunnel(spec: Dict[str, List[str]], mine: Set[Tuple[str, int]],
                 every: Set[Tuple[str, int]], logdir: str, tls_dir: str | None,
-                run_name: str, launcher: str, time_budget_s: float | None = None):
+                run_name: str, launcher: str, time_budget_s: float | None = None,
+                mechanism: str = 'namespace'):
   """(tunnel, the cluster spec this host's replicas see, `ended`): a private namespace,
   and a mutual-TLS endpoint in front of it when replicas run elsewhere too.
 
@@ -280,7 +288,7 @@ def open_tunnel(spec: Dict[str, List[str]], mine: Set[Tuple[str, int]],
   from seedacme.run import monitor  # pylint: disable=g-import-not-at-top
   from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
   if mine == every:  # one host: loopback only, no one to authenticate
-    return tls_tunnel.Tunnel(None, None), spec, lambda: None
+    return tls_tunnel.Tunnel(None, None, mechanism), spec, lambda: None
   plan, seen = tls_tunnel.plan(spec, mine)
   hosts = tls_tunnel.spec_hosts(spec)  # every host runs the same spec: one set for all
   central = ('learner', 0) in mine  # its host renews the run's set and removes it
@@ -303,11 +311,13 @@ def open_tunnel(spec: Dict[str, List[str]], mine: Set[Tuple[str, int]],
   try:
     creds = tls_tunnel.host_credentials(logdir, tls_dir, plan.address, run_name, work,
                                         hosts, needed_s, central)
-    tunnel = tls_tunnel.Tunnel(plan, creds)
+    tunnel = tls_tunnel.Tunnel(plan, creds, mechanism)
   finally:
     shutil.rmtree(work, ignore_errors=True)  # the contexts hold the key now
   tls_root = os.path.join(logdir, tls_tunnel.TLS_DIR)
-  print(f'{launcher}: replicas in a private network namespace; mutual TLS on '
+  where = ('in a private network namespace' if mechanism == 'namespace' else
+           'on loopback (no namespace here; other uids refused at accept)')
+  print(f'{launcher}: replicas {where}; mutual TLS on '
         f'{plan.address} ports {plan.inbound}; {len(plan.outbound)} peers through it '
         f'(credentials: {tls_dir or tls_tunnel.run_credentials_dir(tls_root, hosts)})',
         flush=True)
@@ -355,17 +365,22 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   built = build_pools(program, pools, resources)
   spec = cluster_spec(counts, hosts)
   tunnel, seen, ended = None, spec, lambda: None
-  if network == 'isolated':
+  if network in ('isolated', 'loopback'):
+    from seedacme.runtime import isolation  # pylint: disable=g-import-not-at-top
     from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
-    problem = tls_tunnel.namespace_problem()
-    if problem:
-      print(f'{launcher}: cannot make a private network namespace ({problem}): the '
-            'replicas would listen unauthenticated on every interface; refusing',
-            file=sys.stderr, flush=True)
+    # The strongest mechanism this host offers (issue 64): a private namespace, else
+    # the replicas' servers kept on loopback, other uids refused at accept.
+    chosen = isolation.choose_isolation(
+        ('namespace', 'loopback') if network == 'isolated' else ('loopback',))
+    if chosen.mechanism is None:
+      print(f'{launcher}: cannot isolate the replicas ({chosen.reason}): they would '
+            'listen unauthenticated on every interface; refusing', file=sys.stderr,
+            flush=True)
       return 2
+    print(f'{launcher}: isolation: {chosen.mechanism} ({chosen.reason})', flush=True)
     try:
       tunnel, seen, ended = open_tunnel(spec, mine, every, logdir, tls_dir, program.name,
-                                        launcher, time_budget_s)
+                                        launcher, time_budget_s, chosen.mechanism)
     except tls_tunnel.TunnelError as e:
       print(f'{launcher}: {e}', file=sys.stderr, flush=True)
       return 2
@@ -379,10 +394,15 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
     for index in range(pool.replicas):
       if (pool.name, index) in mine:
         replicas.start(pool.name, pool.directory, pool.command, index, seen, forbidden,
-                       log_dir, tunnel.prefix() if tunnel else ())
+                       log_dir, tunnel.prefix() if tunnel else (),
+                       tunnel.env(os.environ) if tunnel else None)
   print(f'{launcher}: {len(replicas.procs)} of {len(every)} replicas in {len(built)} pools '
         f'({", ".join(f"{b.name} x {b.replicas}" for b in built)}) on this host; '
         f'logs in {log_dir}', flush=True)
+  exposed: List[str] = []
+  if tunnel is not None and tunnel.mechanism == 'loopback':
+    threading.Thread(target=_check_listeners, args=(replicas, launcher, exposed),
+                     daemon=True).start()
   try:
     codes = replicas.wait(launcher)
   finally:
@@ -391,4 +411,20 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
       tunnel.close()
     ended()
   print(f'{launcher}: replicas ended: {codes}', flush=True)
-  return 1 if any(c != 0 for c in codes.values()) else 0
+  return 1 if exposed or any(c != 0 for c in codes.values()) else 0
+
+
+def _check_listeners(replicas: Replicas, launcher: str, exposed: List[str],
+                     settle_s: float = 30.0) -> None:
+  """The loopback mechanism's check (issue 64): once the replicas' servers are up, what
+  they listen on, read from the kernel; anything beyond loopback stops this host."""
+  from seedacme.runtime import isolation  # pylint: disable=g-import-not-at-top
+  if replicas.stopping(settle_s):
+    return
+  pids = isolation.process_tree([p.pid for p in replicas.procs.values()])
+  found = isolation.non_loopback_listeners(pids)
+  if found:
+    exposed.extend(f'{s.proto} {s.address}:{s.port} (pid {s.pid})' for s in found)
+    print(f'{launcher}: replicas listen beyond loopback despite the interposer: '
+          f'{", ".join(exposed)}; stopping them', file=sys.stderr, flush=True)
+    replicas.request_stop()

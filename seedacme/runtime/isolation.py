@@ -317,6 +317,37 @@ def _table(pid: int, name: str) -> Dict[int, tuple]:
   return found
 
 
+def _canonical(address: str) -> str:
+  ip = ipaddress.ip_address(address.split('%')[0])
+  mapped = getattr(ip, 'ipv4_mapped', None)
+  return str(mapped if mapped is not None else ip)
+
+
+def peer_uid(sock) -> int | None:
+  """The uid owning the other end of a loopback TCP connection `sock` accepted (the
+  connecting socket's row of /proc/self/net/tcp{,6}, ends swapped); None when not
+  found (the peer closed, or it is not on this host). What the interposer does in C
+  for the replicas, for a Python listener on loopback (the TLS relay's aliases)."""
+  peer, here = sock.getpeername(), sock.getsockname()
+  want = ((_canonical(peer[0]), peer[1]), (_canonical(here[0]), here[1]))
+  for name in ('tcp', 'tcp6'):
+    try:
+      with open(f'/proc/self/net/{name}') as f:
+        next(f)
+        for line in f:
+          fields = line.split()
+          if fields[3] != '01':  # ESTABLISHED
+            continue
+          local, remote = (tuple(fields[i].split(':')) for i in (1, 2))
+          ends = ((_canonical(_address(local[0])), int(local[1], 16)),
+                  (_canonical(_address(remote[0])), int(remote[1], 16)))
+          if ends == want:
+            return int(fields[7])
+    except FileNotFoundError:
+      continue
+  return None
+
+
 def listening_sockets(pids: Iterable[int]) -> List[Listener]:
   """Every socket the processes `pids` accept on, read from the kernel: each socket fd
   of /proc/<pid>/fd looked up in that process's network namespace's tables. A pid that

@@ -110,6 +110,8 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 
+from seedacme.runtime import isolation
+
 from seedacme.runtime import owned_paths
 
 CA_CERT, CA_KEY, CERT, KEY = 'ca.pem', 'ca.key', 'cert.pem', 'key.pem'
@@ -634,6 +636,30 @@ def _keeper(control_fd: int) -> int:
         control.sendall(f'error {e.strerror or e}\n'.encode())
       finally:
         sock.close()
+
+
+class _LoopbackKeeper:
+  """Where no namespace can be made (issue 64): the replicas' servers are on this host's
+  loopback (`seedacme.runtime.isolation`), so the tunnel makes its sockets there
+  itself; its alias listeners, on a loopback every local user shares, admit only this
+  uid (`_serve`'s outbound handler)."""
+  shared_loopback = True
+
+  def socket(self, verb: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+      if verb == 'listen':
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(('127.0.0.1', int(port)))
+        sock.listen(128)
+      else:
+        sock.settimeout(5)
+        sock.connect(('127.0.0.1', int(port)))
+        sock.settimeout(None)
+    except OSError as e:
+      sock.close()
+      raise OSError(f'{verb} 127.0.0.1:{port} on loopback: {e.strerror or e}') from e
+    return sock
 
 
 class _Keeper:
@@ -1278,6 +1304,17 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
 
   def outbound(host, port):
     async def handle(reader, writer):
+      if getattr(keeper, 'shared_loopback', False):
+        # The aliases listen on the host's loopback (no namespace here): only this
+        # uid's processes (the replicas) may go through this host's certificate.
+        sock = writer.get_extra_info('socket')
+        uid = await loop.run_in_executor(None, isolation.peer_uid, sock)
+        if uid != os.geteuid():
+          counters.refuse('refused_local_uid')
+          _say(f'refused uid {uid} on alias port {sock.getsockname()[1]} (loopback: '
+               'only this uid\'s replicas dial through the endpoint)', key='local_uid')
+          writer.transport.abort()
+          return
       try:
         there = await asyncio.wait_for(asyncio.open_connection(
             host, port, ssl=client_ctx, server_hostname=host,
@@ -1317,48 +1354,58 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
 # The tunnel as the launcher uses it
 
 
-def namespace_problem() -> str | None:
-  """Why a private user+network namespace cannot be made here (None: it can)."""
-  if not shutil.which('unshare') or not shutil.which('nsenter'):
-    return 'unshare/nsenter (util-linux) missing'
-  probe = subprocess.run(['unshare', '-rn', 'true'], capture_output=True, text=True)
-  if probe.returncode != 0:
-    return probe.stderr.strip() or f'unshare exited {probe.returncode}'
-  return None
-
-
 class Tunnel:
   """A private namespace for this host's replicas and, when other hosts take part, the
-  TLS endpoint in front of it. `prefix` runs a command inside the namespace."""
+  TLS endpoint in front of it. `prefix` runs a command inside the namespace.
 
-  def __init__(self, plan_: Plan | None, creds: Credentials | None):
-    self.plan, self.counters = plan_, Counters()
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    # The keeper: unshare makes the namespace, `ip` brings lo up, Python serves fds.
-    self._keeper = subprocess.Popen(
-        ['unshare', '-rn', '--', 'sh', '-c', 'ip link set lo up && exec "$0" "$@"',
-         sys.executable, '-m', 'seedacme.wire.tls_tunnel', 'keeper', str(theirs.fileno())],
-        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-    theirs.close()
-    self.keeper = _Keeper(ours)
+  `mechanism='loopback'` (a host without namespaces, `seedacme.runtime.isolation`): no
+  namespace; the replicas run with the loopback interposer (`env`), the endpoint relays
+  to their loopback ports, and its alias listeners admit only this uid."""
+
+  def __init__(self, plan_: Plan | None, creds: Credentials | None,
+               mechanism: str = 'namespace'):
+    if mechanism not in ('namespace', 'loopback'):
+      raise ValueError(f"mechanism must be 'namespace' or 'loopback', got {mechanism!r}")
+    self.plan, self.counters, self.mechanism = plan_, Counters(), mechanism
     self._loop: asyncio.AbstractEventLoop | None = None
     self._thread = None
-    try:
-      self.keeper.socket('listen', 0).close()  # the namespace is up, lo included
-    except OSError as e:
-      self.close()
-      raise TunnelError(f'the private namespace did not come up: {e}') from e
+    self._keeper = None
+    if mechanism == 'loopback':
+      self.keeper = _LoopbackKeeper()
+    else:
+      ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+      # The keeper: unshare makes the namespace, `ip` brings lo up, Python serves fds.
+      self._keeper = subprocess.Popen(
+          ['unshare', '-rn', '--', 'sh', '-c', 'ip link set lo up && exec "$0" "$@"',
+           sys.executable, '-m', 'seedacme.wire.tls_tunnel', 'keeper',
+           str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+      theirs.close()
+      self.keeper = _Keeper(ours)
+      try:
+        self.keeper.socket('listen', 0).close()  # the namespace is up, lo included
+      except OSError as e:
+        self.close()
+        raise TunnelError(f'the private namespace did not come up: {e}') from e
     if plan_ is not None and (plan_.inbound or plan_.outbound):
       self._start_relay(creds)
 
   @property
   def namespace_pid(self) -> int:
+    if self._keeper is None:
+      raise TunnelError('no namespace: this tunnel keeps the replicas on loopback')
     return self._keeper.pid
 
   def prefix(self) -> List[str]:
-    """argv prefix that runs a command in the namespace (unprivileged: we own it)."""
+    """argv prefix that runs a command in the namespace (unprivileged: we own it);
+    none on loopback."""
+    if self._keeper is None:
+      return []
     return ['nsenter', '-t', str(self._keeper.pid), '-U', '-n', '--preserve-credentials',
             '--']
+
+  def env(self, base: Dict[str, str]) -> Dict[str, str]:
+    """The environment a replica runs with: on loopback, the interposer preloaded."""
+    return isolation.loopback_env(base) if self.mechanism == 'loopback' else dict(base)
 
   def _start_relay(self, creds: Credentials) -> None:
     server_ctx, client_ctx = contexts(creds)
@@ -1403,7 +1450,7 @@ class Tunnel:
       for task in asyncio.all_tasks(self._loop):
         self._loop.call_soon_threadsafe(task.cancel)
       self._thread.join(5)
-    if self._keeper.poll() is None:
+    if self._keeper is not None and self._keeper.poll() is None:
       self._keeper.terminate()
       try:
         self._keeper.wait(5)

@@ -23,7 +23,8 @@ import pytest
 
 from seedacme.run import logdir as logdir_lib
 from tests.emulated_hosts import EmulatedHosts, skip_reason
-from tests.integration.launch import (TAG_VAR, checkpointed_learner_step, leftover_processes,
+from tests.integration.launch import (TAG_VAR, WITHOUT_NAMESPACES, checkpointed_learner_step,
+                                     leftover_processes,
                                       tmpdir_without_underscore)
 
 pytestmark = pytest.mark.integration
@@ -55,13 +56,14 @@ class Cluster:
     self.flags = [*flags, '--logdir', self.logdir, '--cluster_spec', f'@{spec_file}']
     self.launches: Dict[str, List[int]] = {}  # host -> its launchers' handles
 
-  def launch(self, host: str, replicas: str) -> int:
-    """The README's command on `host`, starting `replicas`."""
+  def launch(self, host: str, replicas: str, prefix: List[str] = ()) -> int:
+    """The README's command on `host`, starting `replicas` (under `prefix`, e.g.
+    `WITHOUT_NAMESPACES`: that host then cannot make a namespace)."""
     n = len(self.launches.setdefault(host, []))
     tmp = os.path.join(self.tmp, f'{host}{n}')
     os.makedirs(tmp)
     handle = self.hosts.run(
-        host, [sys.executable, '-m', 'seedacme.launchers.cluster', *self.flags,
+        host, [*prefix, sys.executable, '-m', 'seedacme.launchers.cluster', *self.flags,
                '--replicas', replicas,
                '--replica_logs', os.path.join(self.work, f'replicas{host}')],
         env={'TMPDIR': tmp, 'HOME': self.work, TAG_VAR: self.tag},
@@ -333,6 +335,54 @@ def test_catch_across_hosts_survives_partitions_lost_hosts_and_a_preempted_cente
   seen_b, seen_a = endpoint(cluster.launcher_log('b')), endpoint(cluster.launcher_log('a', 1))
   assert seen_b['refused'] >= 2 and seen_b['accepted'] == 0, seen_b
   assert seen_a['accepted'] >= 2 and seen_a['refused'] == 0, seen_a
+
+
+@pytest.mark.long('learns Catch to 0.9 across emulated hosts that cannot make namespaces: ~2 min')
+@pytest.mark.timeout(600)
+def test_catch_across_hosts_without_namespaces_refuses_a_stranger(tmp_path):
+  """Issue 64: hosts where no namespace can be made (each launcher under
+  scripts/without_namespaces). Each host keeps its replicas' servers on loopback (the
+  interposer) with the run's TLS endpoint on its spec address, as with namespaces:
+  every listener is loopback or the endpoint's own port, host X is refused at the
+  handshake on every port, and the run learns Catch to 0.9 (greedy)."""
+  _need_hosts_and_xmanager()
+  a, b = ADDRESSES['a'], ADDRESSES['b']
+  spec = {'replay': [f'{a}:7000'], 'learner': [f'{a}:7001'],
+          'actor': [f'{a}:7100', f'{b}:7100'], 'evaluator': [f'{b}:7101']}
+  replicas = {'a': 'replay/0,learner/0,actor/0', 'b': 'actor/1,evaluator/0'}
+  work, tmp = str(tmp_path), tmpdir_without_underscore('seedacmenons')
+  try:
+    with EmulatedHosts(['a', 'b', 'x'], agent_log=os.path.join(work, 'agent.log')) as hosts:
+      cluster = Cluster(hosts, work, tmp, spec, [
+          'catch', 'vtrace', '2', '8', '--max_seconds', '400', '--target_return', '0.9',
+          '--target_on', 'eval', '--progress_interval_s', '3'])
+      for host, names in replicas.items():
+        cluster.launch(host, names, prefix=WITHOUT_NAMESPACES)
+      serving = cluster.next_record(lambda r: r.get('actors_serving') == 2,
+                                    'every actor to serve', 300, after=0)
+      assert serving['actors_courier'] == 1, serving  # B's, through both endpoints
+      for host, ports in (('a', (7000, 7001, 7100)), ('b', (7100, 7101))):
+        with open(cluster.launcher_log(host)) as f:
+          assert 'cluster: isolation: loopback (namespace: ' in f.read(), host
+        listening = _listening(hosts, host, work)
+        endpoint = [f'{ADDRESSES[host]}:{p}' for p in ports]
+        others = [a for a in listening if a not in endpoint and not
+                  a.startswith(('127.0.0.1:', '[::ffff:127.0.0.1]:', '[::1]:'))]
+        assert not others and set(endpoint) <= set(listening), (host, listening)
+      outcomes = _intrude(hosts, spec, work)
+      assert len(outcomes) == 5, outcomes
+      for address, outcome in outcomes.items():
+        assert outcome['courier'] != 'answered', (address, outcome)
+        assert not outcome['tls'].startswith('answered'), (address, outcome)
+      assert not os.path.exists(os.path.join(work, 'intruder-ran'))
+      summary = cluster.wait_for('the run to end', cluster.summary, 400)
+      for host in 'ab':
+        assert hosts.wait(cluster.launches[host][0], 60) == 0, host
+  finally:
+    leftovers = leftover_processes(cluster.tag) if 'cluster' in locals() else []
+    shutil.rmtree(tmp, ignore_errors=True)
+  assert summary['stop']['kind'] == 'eval_target' and summary['stop']['value'] >= 0.9
+  assert not leftovers, leftovers
 
 
 # ~3 min alone (177 s at load 2-5): with the Catch program (~2.5 min) the two exceed the
