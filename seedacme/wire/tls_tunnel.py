@@ -609,6 +609,25 @@ def plan(spec: Dict[str, List[str]], mine: Sequence[Tuple[str, int]]
 # The keeper: lives in the private namespace, makes sockets there on request
 
 
+def _loopback_socket(verb: str, port: int) -> socket.socket:
+  """A socket on 127.0.0.1 of this process's namespace: listening on `port`
+  ('listen') or connected to it (otherwise, within 5 s)."""
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    if verb == 'listen':
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      sock.bind(('127.0.0.1', port))
+      sock.listen(128)
+    else:
+      sock.settimeout(5)
+      sock.connect(('127.0.0.1', port))
+      sock.settimeout(None)
+  except OSError:
+    sock.close()
+    raise
+  return sock
+
+
 def _keeper(control_fd: int) -> int:
   """Serves `connect <port>` and `listen <port>` on the control socket: answers with
   the new socket's fd (SCM_RIGHTS) or an error line. Ends when the tunnel goes."""
@@ -622,18 +641,13 @@ def _keeper(control_fd: int) -> int:
     while b'\n' in buffer:
       line, buffer = buffer.split(b'\n', 1)
       verb, _, port = line.decode().partition(' ')
-      sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
       try:
-        if verb == 'listen':
-          sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-          sock.bind(('127.0.0.1', int(port)))
-          sock.listen(128)
-        else:
-          sock.settimeout(5)
-          sock.connect(('127.0.0.1', int(port)))
-        socket.send_fds(control, [b'ok\n'], [sock.fileno()])
+        sock = _loopback_socket(verb, int(port))
       except OSError as e:
         control.sendall(f'error {e.strerror or e}\n'.encode())
+        continue
+      try:
+        socket.send_fds(control, [b'ok\n'], [sock.fileno()])
       finally:
         sock.close()
 
@@ -646,20 +660,10 @@ class _LoopbackKeeper:
   shared_loopback = True
 
   def socket(self, verb: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-      if verb == 'listen':
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(('127.0.0.1', int(port)))
-        sock.listen(128)
-      else:
-        sock.settimeout(5)
-        sock.connect(('127.0.0.1', int(port)))
-        sock.settimeout(None)
+      return _loopback_socket(verb, port)
     except OSError as e:
-      sock.close()
       raise OSError(f'{verb} 127.0.0.1:{port} on loopback: {e.strerror or e}') from e
-    return sock
 
 
 class _Keeper:
