@@ -136,7 +136,8 @@ class UnrollQueueBuilder(SeedBuilder):
     n = self.schedule.num_envs
     return datasets.RoundBatches(
         datasets.ReverbBatches(replay_client.server_address, self.table, n, prefetch=0,
-                               max_in_flight=n), self.schedule.batch_size)
+                               max_in_flight=n, rate_limiter_timeout_ms=-1),
+        self.schedule.batch_size)
 
   @property
   def unroll_steps(self) -> int:

@@ -6,7 +6,9 @@ free to run Launchpad's SIGTERM handler while the learner blocks in Reverb. The 
 counts steps and keeps the last metrics; whoever owns it decides when to stop
 (`should_stop(steps)`, asked before every step: the central node's budgets and finish).
 Its first step traced, it marks the central node's `learner_traced` start-up phase
-(`seedacme.runtime.startup`).
+(`seedacme.runtime.startup`). In a reproducible run it notes every step on the round
+clock (`seedacme.run.schedule.RoundClock`), after `after_step` (the inference copy is
+then current): a round's first inference call waits there for the steps it acts after.
 """
 
 import math
@@ -17,6 +19,7 @@ from typing import Callable, Dict
 from absl import logging
 
 from seedacme.learner.base import DivergedError, Learner
+from seedacme.run.schedule import RoundClock
 from seedacme.runtime import startup
 
 
@@ -25,15 +28,18 @@ class LearnerLoop:
 
   def __init__(self, learner: Learner, stop: threading.Event, step_delay_s: float = 0.0,
                should_stop: Callable[[int], bool] = lambda steps: False, steps: int = 0,
-               after_step: Callable[[], None] | None = None):
+               after_step: Callable[[], None] | None = None,
+               clock: RoundClock | None = None):
     """`steps`: the step count to continue from (a resumed run); `after_step`: called
-    after every learner step (the inference copy of the variables, when separate)."""
+    after every learner step (the inference copy of the variables, when separate);
+    `clock`: told the step count after each step (reproducible runs)."""
     self.learner = learner
     self._stop = stop
     self._step_delay_s = step_delay_s
     self._should_stop = should_stop
     self.steps = steps
     self._after_step = after_step
+    self._clock = clock
     self.metrics: Dict[str, float] = {}
     self.error: BaseException | None = None
     self.done = threading.Event()
@@ -59,6 +65,8 @@ class LearnerLoop:
           self.metrics = metrics
           if self._after_step is not None:
             self._after_step()
+          if self._clock is not None:
+            self._clock.note_learner_steps(self.steps)
           if self._step_delay_s:
             self._stop.wait(self._step_delay_s)
     except BaseException as e:  # pylint: disable=broad-except

@@ -22,7 +22,17 @@ summary is written once, the last checkpoint and the policy export are saved, an
 node stops. Inference and learning use the same network objects, so inference always
 runs the latest parameters and no parameters cross the network.
 
-Why ~320 lines: the node composes parts that live elsewhere, but its start-up
+A reproducible run (`ProgramConfig.reproducible`, issue 63) adds a round clock and a
+round gate (`seedacme.serving.rounds`): the learner loop notes its steps on the clock,
+the inference server's gate waits there at each round's start and then calls
+`_on_round`, which writes the round's record (`RunMonitor.round_record`) and ends the
+run at the round where a budget or the training target is met (`_run` sees the
+server's `round_stop`). The summary carries `weights_sha256` (the policy's variables
+at the end, in every run) and, for a reproducible run, its rounds and
+`exact_until_round` (null: exact throughout; else the last round whose record the
+seed alone decided -- an actor restart, a retried request or a resume came after it).
+
+Why ~380 lines: the node composes parts that live elsewhere, but its start-up
 (placement, restore and the run-config check) and its one end (`finish`) are ordered
 steps that read best in one place. Its start-up phases are marked under the node name
 `learner` (`seedacme.runtime.startup`: `devices`, `inference_compiled`, `serving`;
@@ -30,6 +40,7 @@ the learner loop marks `learner_traced`).
 """
 
 import dataclasses
+import hashlib
 import os
 import threading
 import time
@@ -51,10 +62,12 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
+from seedacme.run.schedule import RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.serving.rounds import RoundGate
 from seedacme.serving.server import InferenceServer
 from seedacme.serving.tf_policy import inference_device
 from seedacme.serving.shm_server import ShmServer
@@ -69,11 +82,24 @@ PROGRAM_STOP_WAIT_S = 60.0
 # grace (`central_process.CENTRAL_STOP_TIMEOUT_S`) leaves room for it and the save.
 LEARNER_JOIN_S = 4.0
 
+def weights_sha256(variables: Sequence[Any]) -> str:
+  """A hash of `variables`' values in order (dtype, shape and bytes of each): two runs
+  that end with the same weights give the same hash."""
+  digest = hashlib.sha256()
+  for v in variables:
+    value = np.ascontiguousarray(v.numpy())
+    digest.update(f'{value.dtype.str}{value.shape}'.encode())
+    digest.update(value.tobytes())
+  return digest.hexdigest()
+
+
 def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
                           config: ProgramConfig, replay: Any,
-                          acting: ActingLog, device: str = '') -> InferenceServer:
+                          acting: ActingLog, device: str = '',
+                          rounds: RoundGate | None = None) -> InferenceServer:
   """Central inference: the agent's batched policy, its batch step compiled (on
-  `device`), serving every actor and counting into `acting`."""
+  `device`), serving every actor and counting into `acting`; with `rounds`, in the
+  reproducible run's rounds."""
   with inference_device(device):
     policy = builder.make_policy(networks, spec, config.num_train_envs, config.num_envs)
   sink = builder.make_trajectory_sink(replay, config.num_envs, spec) if config.train \
@@ -81,7 +107,7 @@ def make_inference_server(builder: SeedBuilder, networks: Any, spec: EnvSpec,
   server = InferenceServer(
       policy, spec, config.num_envs, sink,
       max_batch_envs=config.inference_batch_envs or config.num_train_envs,
-      batch_timeout_s=config.inference_timeout_ms / 1e3, acting=acting)
+      batch_timeout_s=config.inference_timeout_ms / 1e3, acting=acting, rounds=rounds)
   # Compile the batch sizes every run sees (one actor's request, all actors' requests
   # together) before serving; other sizes compile on first use.
   started = time.monotonic()
@@ -114,9 +140,15 @@ class CentralNode:
     # the XLA batch step, Reverb datasets) and trains on whole rounds in env-id order
     # (the builder's `schedule`: seedacme.run.schedule, RoundBatches).
     tf.random.set_seed(config.seed)
+    self.clock: RoundClock | None = None
+    self.rounds: RoundGate | None = None
     if config.reproducible:
       tf.config.experimental.enable_op_determinism()
       builder.schedule = builder.round_schedule(config.num_train_envs)
+      self.clock = RoundClock() if config.train else None
+      self.rounds = RoundGate(builder.schedule, self.clock, on_round=self._on_round,
+                              is_closed=self._rounds_closed,
+                              max_learner_steps=config.max_learner_steps)
     placed = place_networks(builder, spec, config)
     self.placement, learner_devices = placed.placement, placed.learner_devices
     self._networks, self._inference_networks = placed.learner, placed.inference
@@ -128,7 +160,8 @@ class CentralNode:
     self.shm: ShmServer | None = None
     if config.inference == 'central':
       self.server = make_inference_server(builder, self._inference_networks, spec, config,
-                                          replay, self.acting, self.placement.inference)
+                                          replay, self.acting, self.placement.inference,
+                                          rounds=self.rounds)
       if config.transport != 'courier':
         self.shm = ShmServer(self.server, spec, config.num_envs)
     # Every actor reports env faults; with central inference, nothing else.
@@ -160,6 +193,14 @@ class CentralNode:
             f'{self.acting.env_steps()}')
     if self._policy_sync is not None:  # inference's copy: the restored (or first) weights
       self._policy_sync()
+    if self.rounds is not None and self.resumed_from is not None:
+      # Rounds count from the restored learner; the acting state (envs, noise, episode
+      # windows) is not in a wall-clock checkpoint: issue 63 Deliver 3.
+      self.rounds.resume_at(self.learner_steps)
+      self.rounds.not_exact(f'resumed from a checkpoint at learner step '
+                            f'{self.learner_steps} (acting state not saved)', 0)
+    if self.clock is not None:
+      self.clock.note_learner_steps(self.learner_steps)
     self.monitor.restart_clock(self.learner_steps, resumed=self.resumed_from is not None)
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
@@ -248,14 +289,17 @@ class CentralNode:
         self.learner, self._stop, c.learner_step_delay_s,
         should_stop=lambda steps: (self.stop_reason is not None
                                    or self.monitor.learner_budget(steps) is not None),
-        steps=self.learner_steps, after_step=self._policy_sync)
+        steps=self.learner_steps, after_step=self._policy_sync, clock=self.clock)
     if c.train:
       loop.start()
     next_progress = time.monotonic() + c.progress_interval_s
     reason = None
     try:
       while reason is None and not self._stop.wait(0.2):
-        learner_ended = loop.done.is_set()
+        # A reproducible run's learner stops at its budget before the round gate ends
+        # the run at the next round's start (`round_stop`): not a failure.
+        learner_ended = loop.done.is_set() and (loop.error is not None
+                                                or self.rounds is None)
         if time.monotonic() >= next_progress or learner_ended:
           next_progress = time.monotonic() + c.progress_interval_s
           reason = self.monitor.report(loop.steps, loop.metrics)
@@ -263,6 +307,8 @@ class CentralNode:
             self._checkpointer.maybe_save(self._counters())
         if reason is None and self.server is not None and self.server.policy_error:
           reason = StopReason(StopKind.DIVERGED, detail=self.server.policy_error)
+        if reason is None and self.server is not None:
+          reason = self.server.round_stop  # a reproducible run ends at a round's start
         if reason is None and learner_ended:
           reason = self._learner_failure(loop.error)
     finally:
@@ -272,6 +318,29 @@ class CentralNode:
       self.finish(reason)
     if loop.error is not None and reason.kind is not StopKind.DIVERGED:
       raise loop.error
+
+  def _on_round(self, round_index: int) -> StopReason | None:
+    """The round gate's hook, at the start of round `round_index` (acting waits, the
+    learner has taken every earlier round): its record; a budget or target met."""
+    return self.monitor.round_record(round_index, *self._learner_state())
+
+  def _rounds_closed(self) -> bool:
+    """Whether a round's wait for the learner should end: the run is stopping, or the
+    learner will take no more steps (it failed)."""
+    loop = self.loop
+    return self._closing or self.stop_reason is not None or (
+        loop is not None and loop.done.is_set() and loop.error is not None)
+
+  def _final_fields(self) -> Dict[str, Any]:
+    """What the summary adds at the end: the policy's weights hash; a reproducible
+    run's rounds and how far it is exact."""
+    out: Dict[str, Any] = {'weights_sha256': weights_sha256(self._policy_variables)}
+    if self.rounds is not None:
+      out.update(reproducible=True, last_round=self.rounds.round,
+                 exact_until_round=self.rounds.exact_until_round,
+                 not_exact_because=self.rounds.not_exact_because,
+                 round_learner_wait_s=self.rounds.learner_wait_s)
+    return out
 
   @staticmethod
   def _learner_failure(error: BaseException | None) -> StopReason:
@@ -314,7 +383,7 @@ class CentralNode:
         # stopping blocked this process for seconds, until its supervisor killed it).
         self.learner.close()
       self.summary = self.monitor.summarize(*self._learner_state(), reason,
-                                            self.resumed_from)
+                                            self.resumed_from, self._final_fields())
       logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
                    format_line(self.summary))
       if self._checkpointer is not None and \

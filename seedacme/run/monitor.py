@@ -14,6 +14,15 @@ the last one (shutdown excluded), and its batch statistics sum every interval's.
 Why a run stopped is a `StopReason` with fields (kind, value, threshold): the summary
 carries it as `stop` next to the sentence in `stopped_because` that people read.
 
+A reproducible run (`ProgramConfig.reproducible`) also keeps round records
+(`round_record`, `<logdir>/rounds.jsonl`): one at the start of every round, written by
+the inference server's round gate while acting and learning both wait (so each is a
+function of the seed: training env steps, episodes and returns counted in env-id
+order, the learner's steps and its metrics at that step; nothing timed). Its learner
+and env-step budgets and a training target are checked there, so the run ends at a
+round's start whatever the machine's speed; the wall-clock records above still check
+the time budget and an evaluation target, and stay as they are.
+
 Budgets count over the whole run. Env and learner steps are restored with the
 checkpoint; the time is the run's clock (`<logdir>/run_clock.json`: seconds of running
 over every start, written by rename with each record), which a resumed start continues
@@ -26,9 +35,11 @@ windows and counters; split apart, each part would need the others' state.
 
 import dataclasses
 import enum
+import json
+import math
 import os
 import time
-from typing import Any, Dict, Protocol
+from typing import Any, Dict, List, Protocol
 
 from absl import logging
 
@@ -41,6 +52,7 @@ from seedacme.run import logdir as logdir_lib
 from seedacme.run.progress import ProgressWriter
 
 RUN_CLOCK = 'run_clock.json'
+ROUNDS = 'rounds.jsonl'  # a reproducible run's round records
 
 
 class StopKind(enum.Enum):
@@ -155,6 +167,10 @@ class RunMonitor:
     self._clock = {'first_start_unix': time.time(), 'elapsed_s': 0.0, 'starts': 1}
     self._elapsed_before = 0.0  # the run's seconds before this process's start
     self._learner_steps_at_start = 0  # `learner_stepped`: has it stepped since?
+    self._rounds_path = os.path.join(config.logdir, ROUNDS)
+    self._round_lines: List[str] | None = None  # None: rounds.jsonl not started here
+    self._resumed = False
+    self.last_round: Dict[str, Any] = {}
 
   def restart_clock(self, learner_steps: int, resumed: bool = False) -> None:
     """Rates count from here (after a resume: from the restored counters); a resumed
@@ -162,6 +178,7 @@ class RunMonitor:
     self._start = time.monotonic()
     self._last = (self._start, self._acting.env_steps(), learner_steps)
     self._learner_steps_at_start = learner_steps
+    self._resumed = resumed
     saved = None
     if resumed:
       try:
@@ -200,6 +217,50 @@ class RunMonitor:
     if limit is not None and learner_steps >= limit:
       return StopReason(StopKind.LEARNER_STEPS, learner_steps, limit)
     return None
+
+  def round_record(self, round_index: int, learner_steps: int,
+                   learner_metrics: Dict[str, float]) -> 'StopReason | None':
+    """Writes round `round_index`'s record (module docstring) to rounds.jsonl; returns
+    the budget or training target it reached (the run then ends before that round)."""
+    train = self._acting.summary(Mode.TRAIN)
+    record = {'round': round_index, 'env_steps': self._acting.env_steps(Mode.TRAIN),
+              'episodes': train['episodes'], 'average_return': train['average_return'],
+              'average_length': train['average_length'],
+              'average_over': train['average_over'], 'learner_steps': learner_steps,
+              **{f'learner_{k}': v for k, v in sorted(learner_metrics.items())}}
+    self.last_round = record
+    self._write_round(record)
+    c = self._config
+    if c.max_learner_steps is not None and learner_steps >= c.max_learner_steps:
+      return StopReason(StopKind.LEARNER_STEPS, learner_steps, c.max_learner_steps)
+    if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
+      return StopReason(StopKind.ENV_STEPS, record['env_steps'], c.max_env_steps)
+    if c.target_return is not None and c.target_on == 'train' and \
+        record['average_over'] >= TARGET_EPISODES[Mode.TRAIN] and \
+        record['average_return'] >= c.target_return:
+      return StopReason(StopKind.TARGET, record['average_return'], c.target_return)
+    return None
+
+  def _write_round(self, record: Dict[str, Any]) -> None:
+    """One line of rounds.jsonl: appended locally; a remote logdir's file is rewritten
+    whole by rename (it cannot be appended to). A fresh run starts the file anew."""
+    line = json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                       for k, v in record.items()}) + '\n'
+    local = logdir_lib.is_local(self._config.logdir)
+    if self._round_lines is None:
+      self._round_lines = []
+      if not self._resumed and local:
+        with open(self._rounds_path, 'w'):
+          pass
+    try:
+      if local:
+        with open(self._rounds_path, 'a') as f:
+          f.write(line)
+      else:
+        self._round_lines.append(line)
+        logdir_lib.write_atomic(self._rounds_path, ''.join(self._round_lines))
+    except OSError as e:  # the run goes on; the records are then incomplete, and said so
+      logging.warning('Cannot write %s: %s', self._rounds_path, e)
 
   def _replay_stats(self) -> Dict[str, Any]:
     """Size, inserts and samples over all Reverb tables (None when unreachable)."""
@@ -283,17 +344,20 @@ class RunMonitor:
     return record
 
   def stop_reason(self, record: Dict[str, Any], learner_steps: int) -> StopReason | None:
-    """The budget or target `record` reached, if any (checked in this order)."""
+    """The budget or target `record` reached, if any (checked in this order). A
+    reproducible run's step budgets and training target are its round records'
+    (`round_record`): only the time budget and an evaluation target are checked here."""
     c = self._config
-    learner = self.learner_budget(learner_steps)
+    learner = None if c.reproducible else self.learner_budget(learner_steps)
     if learner is not None:
       return learner
-    if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps:
+    if c.max_env_steps is not None and record['env_steps'] >= c.max_env_steps and \
+        not c.reproducible:
       return StopReason(StopKind.ENV_STEPS, record['env_steps'], c.max_env_steps)
     budget, elapsed = c.time_budget, record.get('run_elapsed_s', record['elapsed_s'])
     if budget is not None and elapsed >= budget:
       return StopReason(StopKind.TIME, elapsed, budget)
-    if c.target_return is not None:
+    if c.target_return is not None and not (c.reproducible and c.target_on == 'train'):
       mode = Mode.EVAL if c.target_on == 'eval' else Mode.TRAIN
       prefix = 'eval_' if mode is Mode.EVAL else ''
       value = record[f'{prefix}average_return']
@@ -315,9 +379,11 @@ class RunMonitor:
     return self.stop_reason(self.last_record, learner_steps)
 
   def summarize(self, learner_steps: int, learner_metrics: Dict[str, float],
-                reason: StopReason, resumed_from: int | None) -> Dict[str, Any]:
+                reason: StopReason, resumed_from: int | None,
+                extra: Dict[str, Any] | None = None) -> Dict[str, Any]:
     """Writes `summary.json` (once per run): the run's totals, its rates over the
-    steady window (module docstring), why it stopped and where it resumed."""
+    steady window (module docstring), why it stopped and where it resumed, and the
+    caller's `extra` fields (the final weights' hash, a reproducible run's rounds)."""
     self._run_batches.add(self._serving.batch_stats(reset=True))
     b = self._run_batches
     run = _Batches(b.batches, b.units, b.latency_sum / b.batches if b.batches else
@@ -338,6 +404,7 @@ class RunMonitor:
     final['stopped_because'] = reason.sentence()
     final['stop'] = reason.to_json()
     final['resumed_from_learner_step'] = resumed_from
+    final.update(extra or {})
     self._save_clock(time.monotonic())
     self.progress.write_summary(final)
     return final

@@ -15,6 +15,14 @@ wake-ups on every batch's critical path: the batcher path served ~45 % of a bare
 Courier echo's requests/s, the leader path ~70 % (2 callers, 16 envs each). Batches
 are still processed one at a time, in arrival order: a batch that fills while
 another is being processed waits for it.
+
+A reproducible run (`ProgramConfig.reproducible`, issue 63) batches by rounds instead
+(`RoundBatcher`): a training batch is exactly one request of every training env, taken
+when the last of them arrives, however long that takes (no timeout, no fill target); a
+second request for an env already in the forming round (a Courier retry, a restarted
+actor's while its predecessor's still waits) is held for the next round, and counted.
+Evaluation requests never join a training batch: they run on their own, as soon as the
+policy is free.
 """
 
 import collections
@@ -23,6 +31,7 @@ import time
 from typing import Any, Callable, Generic, List, NamedTuple, Sequence, TypeVar, Union
 
 from absl import logging
+import numpy as np
 
 from seedacme.runtime.lifecycle import ShutdownError
 
@@ -40,7 +49,7 @@ class BatcherClosedError(ShutdownError):
 
 class _Pending:
   """One caller's request and, once its batch ran, its result."""
-  __slots__ = ('item', 'size', 'submitted', 'result', 'eager')
+  __slots__ = ('item', 'size', 'submitted', 'result', 'eager', 'key')
 
   def __init__(self, item: Any, size: int, submitted: float, eager: bool = False):
     self.item = item
@@ -48,6 +57,7 @@ class _Pending:
     self.submitted = submitted
     self.result: Any = _NOT_DONE
     self.eager = eager
+    self.key: Any = None  # `RoundBatcher`: (training env ids, or None for evaluation)
 
 
 class BatcherStats(NamedTuple):
@@ -91,6 +101,7 @@ class RequestBatcher(Generic[T, R]):
     already waited for its own batch to fill, as the shared-memory server does).
     """
     mine = _Pending(item, size, time.monotonic(), eager)
+    self._prepare(mine)
     with self._cond:
       if self._closed:
         raise BatcherClosedError('inference server is shutting down')
@@ -105,6 +116,14 @@ class RequestBatcher(Generic[T, R]):
         return self._unwrap(mine.result)
     self._lead(batch)
     return self._unwrap(mine.result)
+
+  def _prepare(self, pending: _Pending) -> None:
+    """Before `pending` joins the open batch, on its caller's thread (no lock held)."""
+
+  @property
+  def closed(self) -> bool:
+    """Whether intake has stopped (`stop_intake`, `close`)."""
+    return self._closed
 
   def _deadline(self) -> float:
     return self._open[0].submitted + self._timeout_s
@@ -197,3 +216,65 @@ class RequestBatcher(Generic[T, R]):
     with self._cond:
       while self._busy and time.monotonic() < deadline:
         self._cond.wait(max(deadline - time.monotonic(), 0.0))
+
+
+class RoundBatcher(RequestBatcher[T, R]):
+  """Training batches of exactly one request of every training env (module docstring).
+
+  `keys(item)` says what an item is: the int array of the training env ids it holds
+  (each in 0..num_envs-1), or None for an evaluation item. A training batch runs once
+  the open items, taken in arrival order and skipping any whose envs are already
+  covered, cover all `num_envs` envs: its leader is the caller whose item completed it
+  (or, if the policy was busy then, whichever of its callers wakes first). Evaluation
+  items run together, alone, as soon as the policy is free. `held` counts training
+  items that had to wait for a later round because their envs were already covered.
+  """
+
+  def __init__(self, process_fn: ProcessFn, num_envs: int,
+               keys: Callable[[Any], Any], name: str = 'round-batcher',
+               latency_window: int = 4096):
+    super().__init__(process_fn, max_batch_size=num_envs, timeout_s=0.0, name=name,
+                     latency_window=latency_window)
+    self._num_envs = num_envs
+    self._keys = keys
+    self.held = 0
+
+  def _prepare(self, pending: _Pending) -> None:
+    ids = self._keys(pending.item)
+    if ids is not None:
+      ids = np.asarray(ids, np.int64)
+      if ids.size and (ids.min() < 0 or ids.max() >= self._num_envs):
+        raise ValueError(f'{self._name}: training env ids must be in 0..'
+                         f'{self._num_envs - 1}, got {sorted(set(ids.tolist()))[:16]}')
+    pending.key = ids
+
+  def _take_if_ready(self, mine: _Pending) -> List[_Pending] | None:
+    if self._busy or mine not in self._open:
+      return None
+    if mine.key is None:  # evaluation: every waiting evaluation item, now
+      batch = [p for p in self._open if p.key is None]
+    elif self._open_units < self._num_envs:  # cannot cover every env yet (no scan)
+      return None
+    else:
+      covered = np.zeros(self._num_envs, bool)
+      batch, held = [], 0
+      for p in self._open:
+        if p.key is None:
+          continue
+        if covered[p.key].any():
+          held += 1
+          continue
+        covered[p.key] = True
+        batch.append(p)
+      if not covered.all() or mine not in batch:
+        return None
+      self.held += held
+    taken = set(map(id, batch))
+    self._open = [p for p in self._open if id(p) not in taken]
+    self._open_units -= sum(p.size for p in batch)
+    self._busy = True
+    return batch
+
+  def _wait_time(self, mine: _Pending) -> float:
+    # Woken by every finished batch; a round completes on its last caller's thread.
+    return 1.0

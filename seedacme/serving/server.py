@@ -17,8 +17,15 @@ This is where the batch gets formed (`RequestBatcher`). Per inference batch the 
 Actions no env may take (`InvalidActionError`) fail the run, not a caller: every caller
 gets `shutting_down` from then on, and `policy_error` becomes the run's stop reason.
 
-Why ~300 lines: the batch step's six stages (above) and its refusal paths are one
-pipeline over one batcher.
+A reproducible run gives the server a `RoundGate` (`seedacme.serving.rounds`): batches
+are then whole rounds' calls (`RoundBatcher`: one request of every training env, or
+evaluation requests alone), their rows put in env-id order for the policy, the sink and
+the account, and a round's first call waits for the learner (the version barrier).
+Training requests must then hold training envs only, evaluation requests evaluator envs
+only (refused by name otherwise: an evaluator row would move a training env's state).
+
+Why ~400 lines: the batch step's six stages (above), its refusal paths and the
+round gate's ordering are one pipeline over one batcher.
 """
 
 from typing import Any, Dict, List, Sequence, Tuple
@@ -32,6 +39,7 @@ from seedacme.run.contacts import EnvContacts
 from seedacme.runtime.lifecycle import ShutdownError
 from seedacme.serving import batcher as batcher_lib
 from seedacme.serving.policy import ServerPolicy
+from seedacme.serving.rounds import RoundGate
 from seedacme.types import FIRST, LAST, EnvSpec, Episodes, InvalidActionError, Mode
 from seedacme.wire import protocol
 
@@ -42,7 +50,8 @@ class InferenceServer:
   def __init__(self, policy: ServerPolicy, spec: EnvSpec, num_envs: int,
                trajectory_sink=None, max_batch_envs: int | None = None,
                batch_timeout_s: float = 0.002, max_request_envs: int = 4096,
-               batch_capacity: int | None = None, acting: ActingLog | None = None):
+               batch_capacity: int | None = None, acting: ActingLog | None = None,
+               rounds: RoundGate | None = None):
     """Creates the server (no thread of its own: see `seedacme.serving.batcher`).
 
     Args:
@@ -59,6 +68,8 @@ class InferenceServer:
         (default `num_envs`: every env has at most one step in flight).
       acting: where served steps and finished episodes are counted (None: not
         counted here -- an actor's own inference, whose actor counts its envs).
+      rounds: a reproducible run's round gate (module docstring); its training envs
+        are 0..rounds.num_envs-1, the rest are the evaluator's.
     """
     if getattr(policy, 'num_envs', num_envs) < num_envs:
       raise ValueError(f'the policy holds state for {policy.num_envs} envs; the server '
@@ -78,9 +89,18 @@ class InferenceServer:
     self.policy_error: str | None = None  # set once the policy's actions were refused
     self.contacts = EnvContacts(num_envs)  # who is heard from, through what
     self._batch_timeout_s = batch_timeout_s
-    self._batcher = batcher_lib.RequestBatcher(
-        self._process, max_batch_size=max_batch_envs or num_envs,
-        timeout_s=batch_timeout_s, name='inference-batcher')
+    self.rounds = rounds
+    if rounds is None:
+      self._batcher = batcher_lib.RequestBatcher(
+          self._process, max_batch_size=max_batch_envs or num_envs,
+          timeout_s=batch_timeout_s, name='inference-batcher')
+    else:
+      if not 0 < rounds.num_envs <= num_envs:
+        raise ValueError(f'the round gate has {rounds.num_envs} training envs; the server '
+                         f'serves {num_envs} envs')
+      self._batcher = batcher_lib.RoundBatcher(
+          self._process, rounds.num_envs, keys=self._round_key, name='inference-rounds')
+    self._held_seen = 0  # `RoundBatcher.held` already recorded as not exact
 
   def _parse(self, request: Dict[str, Any], owned: range | None) -> protocol.Request:
     """Validates one request (and, for a shared-memory caller, that it keeps to the
@@ -94,10 +114,43 @@ class InferenceServer:
         raise protocol.InvalidRequestError(
             f'env_ids {bad} are not this actor\'s: it attached with env ids '
             f'{owned.start}..{owned.stop - 1}')
+      if self.rounds is not None:
+        self._check_round_envs(parsed)
     except protocol.InvalidRequestError:
       self.requests_refused += 1
       raise
     return parsed
+
+  def _check_round_envs(self, parsed: protocol.Request) -> None:
+    """With a round gate: training requests hold training envs only, evaluation
+    requests evaluator envs only."""
+    n = self.rounds.num_envs
+    evaluating = parsed.mode is Mode.EVAL
+    bad = parsed.env_ids[(parsed.env_ids < n) if evaluating else (parsed.env_ids >= n)]
+    if bad.size:
+      kind, envs = ('evaluation', f'the evaluator\'s envs {n}..{self._num_envs - 1}') \
+          if evaluating else ('training', f'the training envs 0..{n - 1}')
+      raise protocol.InvalidRequestError(
+          f'a {kind} request for env_ids {sorted(set(bad.tolist()))[:16]}: a reproducible '
+          f'run serves {kind} requests for {envs} only')
+
+  @staticmethod
+  def _round_key(group: Sequence[protocol.Request]) -> np.ndarray | None:
+    """What the `RoundBatcher` needs of a batcher entry: its training env ids, or None
+    for evaluation."""
+    modes = {r.mode for r in group}
+    if modes == {Mode.EVAL}:
+      return None
+    if modes != {Mode.TRAIN}:
+      raise protocol.InvalidRequestError(
+          'a reproducible run serves training and evaluation requests in separate '
+          'batches: one entry may not mix them')
+    return np.concatenate([r.env_ids for r in group])
+
+  @property
+  def round_stop(self) -> Any:
+    """The stop reason the round hook gave (the run ends at a round's start), or None."""
+    return self.rounds.stop if self.rounds is not None else None
 
   # Called concurrently from Courier handler threads.
   def step(self, request: Dict[str, Any]) -> Dict[str, np.ndarray]:
@@ -123,7 +176,7 @@ class InferenceServer:
     Returns, per request, its reply or the `InvalidRequestError` refusing it."""
     for envs in owned:
       self.contacts.mark(envs, 'shm')
-    if len(requests) > 1:
+    if len(requests) > 1 and self.rounds is None:
       merged = protocol.merge_requests(requests, self._spec, self._num_envs,
                                        self._max_request_envs, owned)
       if merged is not None:  # all valid: one request, validated in one pass
@@ -154,6 +207,8 @@ class InferenceServer:
         replies = self._batcher(parsed, sum(r.size for r in parsed), eager=True)
       except ShutdownError as e:
         replies = [{'shutting_down': str(e)}] * len(parsed)
+      except protocol.InvalidRequestError as e:  # a round gate's: mixed modes
+        replies = [e] * len(parsed)
       for i, reply in zip(where, replies):
         results[i] = reply
     return results
@@ -198,6 +253,19 @@ class InferenceServer:
     env_ids, run_ids, step_type, reward, discount, observation, eval_mask = (
         joined(f) for f in ('env_ids', 'run_ids', 'step_type', 'reward', 'discount',
                             'observation', 'eval_mask'))
+    # A round: every training env once, in env-id order from here on (the replies'
+    # actions go back in the requests' order below).
+    order = None
+    if self.rounds is not None and not eval_mask.any():
+      order = np.argsort(env_ids, kind='stable')
+      env_ids, run_ids, step_type, reward, discount, observation, eval_mask = (
+          x[order] for x in (env_ids, run_ids, step_type, reward, discount, observation,
+                             eval_mask))
+      if not self._round_ready(env_ids):
+        stop = self.rounds.stop
+        why = stop.sentence() if hasattr(stop, 'sentence') else str(stop)
+        return self._refuse_all(results, accepted,
+                                f'the run ended before round {self.rounds.round}: {why}')
     restarted = self._note_restarts(env_ids, run_ids)
 
     try:
@@ -208,6 +276,8 @@ class InferenceServer:
       self.policy_error = self.policy_error or str(e)
       return self._refuse_all(results, accepted)
     action = out.action
+    if order is not None:
+      self.rounds.after_call()
 
     train = ~eval_mask
     if self._sink is not None and train.any():
@@ -222,20 +292,41 @@ class InferenceServer:
     if self.acting is not None:
       self._count(env_ids, step_type, reward, eval_mask)
 
+    if order is not None:
+      action = action[np.argsort(order)]  # back in the order the requests came in
     offset = 0
     for i, r in zip(accepted, batch):
       results[i] = {'action': action[offset:offset + r.size]}
       offset += r.size
     return results
 
-  def _refuse_all(self, results: List[Any], accepted: Sequence[int]) -> List[Any]:
+  def _refuse_all(self, results: List[Any], accepted: Sequence[int],
+                  why: str | None = None) -> List[Any]:
+    why = why or f'the policy failed: {self.policy_error}'
     for i in accepted:
-      results[i] = {'shutting_down': f'the policy failed: {self.policy_error}'}
+      results[i] = {'shutting_down': why}
     return results
+
+  def _round_ready(self, env_ids: np.ndarray) -> bool:
+    """A round gate's checks before its batch (env ids sorted): the batch is one call
+    of every training env; a request held over from an earlier round (a retry) makes
+    the run not exact; at a round's first call, the barrier and the round hook (False:
+    the run ended there)."""
+    gate = self.rounds
+    if not np.array_equal(env_ids, np.arange(gate.num_envs)):
+      raise RuntimeError(f'a round batch holds env ids {env_ids.tolist()[:32]}, not one '
+                         f'call of each of 0..{gate.num_envs - 1}')
+    held = self._batcher.held
+    if held > self._held_seen:
+      self._held_seen = held
+      gate.not_exact(f'{held} request(s) for envs that already had one in the round '
+                     '(a retried call, or a restarted actor\'s) waited for the next')
+    return gate.before_call()
 
   def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
     """Bool mask of the envs whose run id changed (their actor restarted): their state
-    starts over and their partial trajectories are dropped."""
+    starts over and their partial trajectories are dropped (with a round gate they are
+    kept, so that rounds stay aligned, and the run is recorded as no longer exact)."""
     changed = self._run_ids[env_ids] != run_ids
     if not changed.any():
       return changed
@@ -248,7 +339,12 @@ class InferenceServer:
     self._run_ids[restarted] = run_ids[changed]
     if self._episodes is not None:
       self._episodes.forget(restarted)
-    if self._sink is not None:
+    trained = known[known < self.rounds.num_envs] if self.rounds is not None else known
+    if self.rounds is not None and trained.size:
+      # Its envs start over mid-round: recorded, not hidden. Their unrolls go on (a
+      # new episode inside one), so every round still has one unroll per env.
+      self.rounds.not_exact(f'an actor restarted (envs {trained.min()}..{trained.max()})')
+    elif self._sink is not None:
       self._sink.reset(restarted)
     return changed
 
@@ -283,7 +379,10 @@ class InferenceServer:
   @property
   def batch_wait(self) -> Tuple[int, float]:
     """(envs, seconds): a batch runs once this many envs wait, or its first request
-    waited this long (`max_batch_envs`, the batch timeout)."""
+    waited this long (`max_batch_envs`, the batch timeout); with a round gate, nothing
+    to wait for (the gate forms the batch)."""
+    if self.rounds is not None:
+      return self.rounds.num_envs, 0.0
     return self._batcher.max_batch_size, self._batch_timeout_s
 
   @property

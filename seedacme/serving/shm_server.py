@@ -16,6 +16,16 @@ central node's CPU on waking threads and handing the GIL between them; one loop 
 collects whatever is ready serves the same batches without those hand-offs
 (docs/benchmarks.md, "Shared memory").
 
+A reproducible run's server gates training batches by rounds (`seedacme.serving.rounds`):
+a request is served only once every training env has asked, and a round's first call
+waits for the learner. The one loop cannot wait there -- the requests that complete the
+round may be ones only it can read -- so with a round gate it hands each ready actor's
+request to a short-lived thread of its own (the Courier path's shape, one thread per
+waiting actor) and goes back to reading. Shared memory stays on: it is the faster
+transport, and the gate, not the transport, decides what is served together. A slot's
+lock keeps a detach (its actor gone) from closing the segment under a thread that is
+still writing the reply.
+
 Trust (DESIGN.md, "Trust boundaries"; how an attach is authenticated:
 `seedacme.wire.shm`): any local process can find the socket, so
 
@@ -85,6 +95,8 @@ class _Slot:
   def __init__(self, conn: socket.socket, segment: shm.Segment, envs: range):
     self.conn, self.segment, self.envs = conn, segment, envs
     self.detached = False
+    self.lock = threading.Lock()  # segment access vs. a detach (round-gated serving)
+    self.serving = False  # round-gated: a thread serves its request (until the wake-up)
 
   @property
   def key(self) -> Tuple[int, int]:
@@ -436,17 +448,19 @@ class ShmServer:
 
   # ---- serving (one thread for every attached actor) ---------------------------------
   def _detach(self, slot: _Slot, why: str, warn: bool = False) -> None:
-    if slot.detached:
-      return
-    slot.detached = True
-    try:
-      self._selector.unregister(slot.conn)
-    except (KeyError, ValueError):
-      pass
-    # Its descriptors and mapping go before its envs are free: a successor claiming them,
-    # or anyone counting attached actors, never sees a free slot still holding them.
-    slot.conn.close()
-    slot.segment.close()
+    with slot.lock:
+      if slot.detached:
+        return
+      slot.detached = True
+      try:
+        self._selector.unregister(slot.conn)
+      except (KeyError, ValueError):
+        pass
+      # Its descriptors and mapping go before its envs are free: a successor claiming
+      # them, or anyone counting attached actors, never sees a free slot still holding
+      # them.
+      slot.conn.close()
+      slot.segment.close()
     with self._lock:
       if self._attached.get(slot.key) is slot:
         del self._attached[slot.key]
@@ -491,6 +505,15 @@ class ShmServer:
           ready = self._ready(1.0)
           if not ready:
             continue
+          if self._server.rounds is not None:
+            # Round-gated: each actor's request waits for its round on its own thread
+            # (one at a time per actor: a wake-up sent before its reply is dropped).
+            for slot in dict.fromkeys(ready):
+              if not slot.serving:
+                slot.serving = True
+                threading.Thread(target=self._serve_alone, args=(slot,), daemon=True,
+                                 name='shm-round').start()
+            continue
           # Wait for the batch to fill as the batcher would (`inference_batch_envs`,
           # the batch timeout): more actors may be a few microseconds behind.
           envs, timeout_s = self._server.batch_wait
@@ -519,14 +542,30 @@ class ShmServer:
         self._detach(slot, 'the server closed')
       self._selector.close()
 
+  def _serve_alone(self, slot: _Slot) -> None:
+    """A round-gated actor's request, on its own thread (module docstring)."""
+    try:
+      self._serve([slot])
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception('shm: serving the actor with envs %d..%d failed; detaching it',
+                        slot.envs[0], slot.envs[-1])
+      self._detach(slot, f'serving failed: {type(e).__name__}: {e}', warn=True)
+    # `serving` ends in `_serve`, before the wake-up (not here: the loop may already
+    # have handed the actor's next request to a new thread).
+
   def _serve(self, ready: List[_Slot]) -> None:
     # An actor that left while the batch filled is gone; one that woke the server
     # twice is served once.
-    ready = [s for s in dict.fromkeys(ready) if not s.detached]
+    requests = []
+    for slot in dict.fromkeys(ready):
+      with slot.lock:
+        if not slot.detached:
+          requests.append((slot, slot.segment.request()))
+    ready = [slot for slot, _ in requests]
     if not ready:
       return
     try:
-      results = self._server.serve_group([s.segment.request() for s in ready],
+      results = self._server.serve_group([r for _, r in requests],
                                          [s.envs for s in ready])
     except Exception as e:  # pylint: disable=broad-except
       # The batch failed (the policy, the trajectory sink, ...): its actors get a
@@ -538,14 +577,18 @@ class ShmServer:
                                  len(ready))
       results = [_Failure(failure)] * len(ready)
     for slot, result in zip(ready, results):
-      if isinstance(result, InvalidRequestError):
-        slot.segment.write_reply(None, error=str(result))
-      elif isinstance(result, _Failure):
-        slot.segment.write_reply(None, failed=result.message)
-      elif isinstance(result, BaseException):
-        slot.segment.write_reply(None, failed=f'{type(result).__name__}: {result}')
-      else:
-        slot.segment.write_reply(result)
+      with slot.lock:
+        if slot.detached:  # its actor went away while the batch ran
+          continue
+        if isinstance(result, InvalidRequestError):
+          slot.segment.write_reply(None, error=str(result))
+        elif isinstance(result, _Failure):
+          slot.segment.write_reply(None, failed=result.message)
+        elif isinstance(result, BaseException):
+          slot.segment.write_reply(None, failed=f'{type(result).__name__}: {result}')
+        else:
+          slot.segment.write_reply(result)
+      slot.serving = False  # before the wake-up: the actor's next request may follow it
       self._wake_actor(slot)
 
   def _wake_actor(self, slot: _Slot) -> None:

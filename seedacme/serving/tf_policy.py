@@ -30,6 +30,13 @@ are slower than oneDNN's. Per batch of 16, one process, both variants alternated
 ratios are what decided): R2D2 Atari (Nature CNN + LSTM 256) 11.9 ms with XLA vs 6.9 ms
 without, V-trace Atari 11.9 vs 7.6; V-trace Catch 0.3 vs 0.4, R2D2 CartPole 0.6 vs 0.8,
 SAC HalfCheetah (batch 4) 0.4 vs 0.4.
+
+Action noise comes from one `tf.random.Generator` per policy, seeded with the agent's
+seed. So that the training envs' draws depend only on the training batches (a
+reproducible run's are the same [N] batches in env-id order on any split), `warm_up`
+puts the generator back to its seed after its compiling calls (the buckets it compiles
+differ with the split), and a batch of evaluation envs only (greedy: it uses no draw)
+leaves the generator as it found it.
 """
 
 import abc
@@ -144,6 +151,7 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
                  else lambda: tf.device(self.device))
     self.buckets = bucket_sizes(num_envs)
     self.traces = 0  # batch-step traces: one per bucket used, never more
+    self._seed = seed
     with tf.device(self.device):
       self._rng = tf.random.Generator.from_seed(seed)
       initial = network.initial_state(1)
@@ -199,13 +207,16 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
 
   def warm_up(self, batch_sizes: Sequence[int]) -> None:
     """Traces (and XLA-compiles) the buckets of these batch sizes (an all-reset step of
-    the scratch row only: no env's state changes)."""
+    the scratch row only: no env's state changes; the noise generator is put back to
+    its seed after)."""
     for bucket in sorted({self._bucket(b) for b in batch_sizes}):
       with self._pin():
         self._call_for(bucket)(
             np.full(bucket, self.num_envs, np.int32),
             np.zeros((bucket,) + tuple(self._spec.observation_shape), self._spec.dtype),
             np.ones(bucket, bool), np.ones(bucket, bool))
+    with tf.device(self.device):
+      self._rng.reset_from_seed(self._seed)
 
   def step(self, env_ids: np.ndarray, observation: np.ndarray, reset: np.ndarray,
            eval_mask: np.ndarray) -> PolicyStep:
@@ -214,6 +225,9 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
     ids = np.asarray(env_ids, np.int32)
     reset = np.asarray(reset, bool)
     eval_mask = np.asarray(eval_mask, bool)
+    # Evaluation envs only: their greedy actions use no noise, and the training envs'
+    # draws must not depend on when the evaluator asked (module docstring).
+    noise_state = self._rng.state.read_value() if eval_mask.all() else None
     if bucket != size:
       pad = bucket - size
       ids = np.concatenate([ids, np.full(pad, self.num_envs, np.int32)])
@@ -223,6 +237,8 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
       eval_mask = np.concatenate([eval_mask, np.ones(pad, bool)])
     with self._pin():
       outputs = self._call_for(bucket)(ids, observation, reset, eval_mask)
+    if noise_state is not None:
+      self._rng.state.assign(noise_state)
     outputs = [o.numpy()[:size] for o in outputs]
     # No action reaches an env unchecked: a diverged network's NaN, or an action head
     # that leaves the bounds, stops the run with this error (InferenceServer).

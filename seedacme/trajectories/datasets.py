@@ -27,7 +27,12 @@ shape and trained on a batch of another size, and dropping them would lose data.
 A reproducible run (`seedacme.run.schedule`) trains on rounds: `RoundBatches` takes a
 round's N unrolls (one per training env) at once, checks that their env ids are
 exactly 0..N-1, and hands them out in env-id order, B at a time. So the order in which
-the writer inserted them, and Reverb's sampler, decide nothing.
+the writer inserted them, and Reverb's sampler, decide nothing. Its dataset never times
+out on an empty table (`rate_limiter_timeout_ms=-1`; `next` still returns None after
+`timeout_ms`, the sampling thread waits on): a timed-out Reverb iterator ends, and the
+samples it had already taken off the queue went with it -- seen once at load ~13, a
+round's 16 unrolls counted as sampled by the table and never seen by the learner, which
+then waited for them for ever (the round gate waited for the learner).
 
 Why ~320 lines: Reverb's dataset with its reconnects, partial batches and timeouts,
 and the round-ordered batches of the reproducible schedule built on it, are one reader.
@@ -60,13 +65,15 @@ def batch_specs(item_signature: Any, batch_size: int) -> Any:
 
 
 def _batch_iterator(server_address: str, table: str, batch_size: int, timeout_ms: int,
-                    prefetch: int, with_info: bool, max_in_flight: int | None):
+                    prefetch: int, with_info: bool, max_in_flight: int | None,
+                    rate_limiter_timeout_ms: int | None = None):
   """A tf.data iterator of batches from `table` (see `ReverbBatches.__init__`)."""
   extra = {} if max_in_flight is None else {'num_workers_per_iterator': 1}
   dataset = reverb.TrajectoryDataset.from_table_signature(
       server_address=server_address, table=table,
       max_in_flight_samples_per_worker=max_in_flight or 2 * batch_size, **extra,
-      rate_limiter_timeout_ms=timeout_ms,
+      rate_limiter_timeout_ms=(timeout_ms if rate_limiter_timeout_ms is None
+                               else rate_limiter_timeout_ms),
       # Without a timeout this blocks while the server is down (a replay restart).
       get_signature_timeout_secs=max(1, timeout_ms // 1000))
   if with_info:
@@ -147,7 +154,8 @@ class ReverbBatches:
 
   def __init__(self, server_address: str, table: str, batch_size: int,
                timeout_ms: int = 1000, prefetch: int = 1, with_info: bool = False,
-               max_in_flight: int | None = None):
+               max_in_flight: int | None = None,
+               rate_limiter_timeout_ms: int | None = None):
     """Creates the iterator (lazily: the first `next` connects).
 
     Args:
@@ -161,6 +169,8 @@ class ReverbBatches:
       max_in_flight: samples one worker takes off the server ahead of use (default
         2 * batch_size, over Reverb's default workers); set, one worker takes that many.
         From a queue, every sample taken ahead is policy lag: PPO keeps it to a batch.
+      rate_limiter_timeout_ms: how long the dataset waits on an empty table before it
+        ends (None: `timeout_ms`; -1: never, for rounds: module docstring).
     """
     self._server_address = server_address
     self._table = table
@@ -169,6 +179,7 @@ class ReverbBatches:
     self._prefetch = prefetch
     self._with_info = with_info
     self._max_in_flight = max_in_flight
+    self._rate_limiter_timeout_ms = rate_limiter_timeout_ms
     self._sampler: _SamplingThread | None = None  # made by the first `next`
     self._client = None  # asks the server whether it answers, when no batch comes
     self._down_since: float | None = None  # when the server stopped answering
@@ -179,7 +190,10 @@ class ReverbBatches:
   def close(self) -> None:
     """Drops the iterator and with it the sampling streams to the server."""
     if self._sampler is not None:
-      self._sampler.stop(self._timeout_ms / 1e3 + 1.0)
+      # A dataset that never times out waits for data that may never come (the last
+      # round's): its thread is left to end with the server, not waited for.
+      never = self._rate_limiter_timeout_ms == -1
+      self._sampler.stop(0.0 if never else self._timeout_ms / 1e3 + 1.0)
       self._sampler = None
 
   def __del__(self):
@@ -195,7 +209,8 @@ class ReverbBatches:
       self._sampler = _SamplingThread(
           functools.partial(_batch_iterator, self._server_address, self._table,
                             self._batch_size, self._timeout_ms, self._prefetch,
-                            self._with_info, self._max_in_flight),
+                            self._with_info, self._max_in_flight,
+                            self._rate_limiter_timeout_ms),
           name=f'reverb-batches-{self._table}')
     self._sampler.request()
     outcome = self._sampler.result(self._timeout_ms / 1e3)

@@ -78,19 +78,25 @@ def make_central(tmp_path):
   calling it; everything stops at teardown."""
   created = []
 
-  def make(agent_config, env='catch', num_actors=2, envs_per_actor=8):
-    """`agent_config`: a VTraceConfig, or any builder."""
+  def make(agent_config, env='catch', num_actors=2, envs_per_actor=8, actor=None,
+           **config_kwargs):
+    """`agent_config`: a VTraceConfig, or any builder; `actor`: the actor class
+    (default `InProcessActor`); `config_kwargs`: ProgramConfig fields over the
+    defaults here (logdir: the test's tmp dir; no evaluator, no time budget)."""
     factory = envs.make_factory(env)
     spec = envs.env_spec_of(factory(0))
     builder = (vtrace.VTraceBuilder(agent_config)
                if isinstance(agent_config, vtrace.VTraceConfig) else agent_config)
     server = reverb.Server(builder.make_replay_tables(spec), port=None)
     client = reverb.Client(f'localhost:{server.port}')
-    config = ProgramConfig(num_actors=num_actors, envs_per_actor=envs_per_actor,
-                           num_eval_envs=0, logdir=str(tmp_path), max_seconds=None)
+    fields = dict(num_actors=num_actors, envs_per_actor=envs_per_actor, num_eval_envs=0,
+                  logdir=str(tmp_path), max_seconds=None)
+    fields.update(config_kwargs)
+    config = ProgramConfig(**fields)
     stop = threading.Event()
     central = CentralNode(builder, spec, config, client, stop_event=stop)
-    actors = [InProcessActor(central, factory, i * envs_per_actor, envs_per_actor, stop)
+    actors = [(actor or InProcessActor)(central, factory, i * envs_per_actor,
+                                        envs_per_actor, stop)
               for i in range(num_actors)]
     created.append((server, central, actors, stop))
     return central, client, actors, builder.table

@@ -1,0 +1,36 @@
+"""A seed names a run (issue 63) in the real program: `run_local catch vtrace` with
+`--reproducible`, launched as 2 x 8 and as 4 x 4 actors x envs at the same time (each
+is the other's load, on shared memory and Courier, with the evaluator beside them),
+gives the same round records and the same final weights.
+"""
+
+import pytest
+
+from tests.integration.launch import Run
+
+pytestmark = pytest.mark.integration
+
+COMMAND = ['catch', 'vtrace', '--reproducible', '--agent_config', 'batch_size=16',
+           '--max_learner_steps', '20', '--seed', '5']
+
+
+@pytest.mark.long('two programs at once: 58-98 s at load 6-9 (the in-process 2x8/4x4/'
+                  '1x16 runs, tests/unit/test_reproducible_runs.py, are in the default tier)')
+@pytest.mark.timeout(300)
+def test_reproducible_catch_is_the_same_run_on_2x8_and_4x4_side_by_side(tmp_path):
+  runs = [Run(COMMAND[:2] + split + COMMAND[2:], str(tmp_path / f'{split[0]}x{split[1]}'))
+          for split in (['2', '8'], ['4', '4'])]
+  for run in runs:
+    run.complete(240)
+  rounds, summaries = [], []
+  for run in runs:
+    with open(f'{run.logdir}/rounds.jsonl') as f:
+      rounds.append(f.read())
+    summaries.append(run.json('summary.json'))
+  assert rounds[0] == rounds[1]
+  assert len(rounds[0].splitlines()) == 21  # rounds 0..20: one learner step each
+  assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
+  for summary in summaries:
+    assert summary['stop']['kind'] == 'learner_steps', summary['stopped_because']
+    assert summary['exact_until_round'] is None, summary['not_exact_because']
+    assert summary['last_round'] == 20
