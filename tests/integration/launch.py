@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import tempfile
 import time
 import uuid
@@ -16,6 +17,7 @@ from typing import Dict, List
 
 from seedacme.run import logdir as logdir_lib
 from seedacme.launchers import process
+from seedacme.runtime import isolation
 
 TAG_VAR = 'SEEDACME_TEST_TAG'
 LAUNCHED: List['Run'] = []  # every Run of this pytest process (conftest kills what outlives its test)
@@ -52,6 +54,56 @@ def leftover_processes(tag: str) -> List[int]:
     except OSError:
       continue
   return pids
+
+
+def _host_addresses() -> List[str]:
+  """This host's non-loopback IPv4 addresses (what another machine would dial)."""
+  return [address for _, name in socket.if_nameindex() if name != 'lo'
+          for address in _ipv4_of(name)]
+
+
+def _ipv4_of(interface: str) -> List[str]:
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    try:  # SIOCGIFADDR: the interface's (first) IPv4 address
+      got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', interface.encode()[:15]))
+    except OSError:
+      return []  # no IPv4 address
+  return [socket.inet_ntoa(got[20:24])]
+
+
+def check_servers_isolated(output: str, pids: List[int]) -> str:
+  """Asserts a running local program (`pids`: its processes) keeps its servers off the
+  network the way its launcher said it would (`seedacme: isolation: <mechanism>` in
+  `output`); returns the mechanism. 'namespace': every node in one network namespace
+  that is not this process's, its ports unreachable from here. 'loopback' (a host
+  without namespaces): nothing of the run listens beyond loopback, read from the kernel
+  (`/proc/<pid>/net/tcp{,6}`), and this host's own addresses refuse every port. Where
+  the run requires namespaces (`SEEDACME_REQUIRE_NAMESPACES=1`) it must be 'namespace'."""
+  said = re.findall(r'seedacme: isolation: (\w+) \(', output)
+  assert len(said) == 1 and said[0] in isolation.MECHANISMS, output[:3000]
+  mechanism = said[0]
+  if os.environ.get('SEEDACME_REQUIRE_NAMESPACES') == '1':
+    assert mechanism == 'namespace', output[:3000]
+  assert pids, 'no process of the program is running'
+  listeners = isolation.listening_sockets(pids)  # each in its own process's namespace
+  ports = sorted({s.port for s in listeners if s.proto == 'tcp'})
+  assert len(ports) >= 2, listeners  # Courier (learner) and Reverb at least
+  if mechanism == 'namespace':  # they bind [::], in a namespace of their own
+    own_ns = os.readlink('/proc/self/ns/net')
+    node_ns = {os.readlink(f'/proc/{pid}/ns/net') for pid in pids}
+    assert own_ns not in node_ns and len(node_ns) == 1, (own_ns, node_ns)
+    unreachable_at = ['127.0.0.1']
+  else:
+    assert not isolation.non_loopback_listeners(pids), listeners
+    unreachable_at = _host_addresses()
+  for address in unreachable_at:
+    for port in ports:
+      with socket.socket() as s:
+        s.settimeout(1)
+        assert s.connect_ex((address, port)) != 0, f'{address}:{port} reachable'
+  return mechanism
 
 
 def wait_for(predicate, timeout: float, run: 'Run', interval_s: float = 0.5) -> bool:

@@ -6,7 +6,8 @@ the test runs there directly). With no flag, `run_local` must say it uses the lo
 mechanism, train Catch, and keep every server of the run on loopback: what its
 processes listen on is read from the kernel (`/proc/<pid>/net/tcp{,6}`), a connection
 to each port at this host's own network address is refused, and a connection of
-another uid over loopback gets no byte of gRPC back.
+another uid over loopback gets no byte of gRPC back (where this process can act as
+another uid: not inside `scripts/without_namespaces`, whose namespace maps only root).
 """
 
 import os
@@ -56,7 +57,8 @@ print('served' if data else 'refused')
 
 
 @pytest.mark.timeout(300)
-def test_run_local_trains_catch_on_loopback_where_no_namespace_can_be_made(tmp_path):
+def test_run_local_trains_catch_on_loopback_where_no_namespace_can_be_made(
+    tmp_path, other_uid_problem):
   prefix = _prefix()
   with Run(['catch', 'vtrace', '2', '16', '--max_seconds', '150', '--target_return', '0.9',
             '--progress_interval_s', '3'], str(tmp_path), prefix=prefix) as run:
@@ -71,7 +73,7 @@ def test_run_local_trains_catch_on_loopback_where_no_namespace_can_be_made(tmp_p
         with socket.socket() as s:
           s.settimeout(2)
           assert s.connect_ex((address, port)) != 0, f'{address}:{port} reachable'
-    if os.geteuid() == 0:  # root here can become another uid
+    if other_uid_problem is None:  # root here can become another uid (not in a container)
       for port in tcp:
         got = subprocess.run(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups',
                               '/usr/bin/python3', '-c', _OTHER_UID_CLIENT, str(port)],

@@ -209,11 +209,16 @@ sys.stdin.read()  # until the test has sent its payload
 server.Stop()
 def in_a_thread():
   raise ValueError('the thread cause')
-threading.Thread(target=in_a_thread).start()
+first = threading.Thread(target=in_a_thread)
+first.start()
+first.join()  # one crash printed at a time: their lines do not interleave
+started = []
 def in_a_raw_thread():
+  started.append(1)
   raise KeyError('the raw thread cause')
 _thread.start_new_thread(in_a_raw_thread, ())
-time.sleep(1)
+while not started or _thread._count():  # until the raw thread has printed and ended
+  time.sleep(0.05)
 def crash():
   raise RuntimeError('the top-level cause')
 crash()

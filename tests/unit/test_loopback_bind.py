@@ -28,7 +28,6 @@ import time
 import pytest
 
 from seedacme.runtime import isolation
-from tests import emulated_hosts
 
 ADDRESS = '10.64.0.1'  # only inside the test's own namespace
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(isolation.__file__))))
@@ -46,17 +45,6 @@ def _namespace_problem():
   """Why this host cannot build the test host (it needs a namespace to start in)."""
   return isolation.namespace_problem() or (
       None if shutil.which('setpriv') else 'setpriv (util-linux) is not installed')
-
-
-@pytest.fixture
-def needs_namespaces():
-  """Skips the test where the host has no namespaces, naming why; fails instead where
-  the run requires them (SEEDACME_REQUIRE_NAMESPACES=1, as CI sets)."""
-  why = _namespace_problem()
-  if why and emulated_hosts.namespaces_required():
-    pytest.fail(f'{emulated_hosts.REQUIRE_VAR}=1 but: {why}')
-  if why:
-    pytest.skip(f'this host has no namespaces to build the test host in: {why}')
 
 
 @pytest.fixture(scope='module')
@@ -127,7 +115,7 @@ print(json.dumps({'sockets': out, 'seen': [list(s) for s in seen],
 '''
 
 
-@pytest.mark.usefixtures('needs_namespaces')
+@pytest.mark.needs_namespaces  # builds the test host in one
 @pytest.mark.timeout(90)
 def test_python_sockets_are_kept_on_loopback(library, tmp_path):
   got, _ = _in_no_namespace_host(_SOCKETS, [ADDRESS], tmp_path)
@@ -222,7 +210,7 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.usefixtures('needs_namespaces')
+@pytest.mark.needs_namespaces  # builds the test host in one
 @pytest.mark.timeout(200)
 def test_reverb_and_courier_listen_on_loopback_only_with_the_preload(library, tmp_path):
   got, _ = _in_no_namespace_host(_DRIVER, [library, ADDRESS, _SERVERS], tmp_path,
@@ -272,7 +260,7 @@ def test_choose_isolation_picks_the_strongest_this_host_offers(library):
     isolation.choose_isolation(('netns',))
 
 
-@pytest.mark.usefixtures('needs_namespaces')
+@pytest.mark.needs_namespaces  # builds the test host in one
 @pytest.mark.timeout(60)
 def test_the_namespace_probe_sees_a_namespace_without_capabilities(tmp_path, monkeypatch):
   # Ubuntu 24.04's default AppArmor policy, imitated with the real tools: `unshare -rn`
@@ -398,13 +386,6 @@ def drop(uid):
 """
 
 
-@pytest.fixture
-def needs_root():
-  """Another uid's client: root runs it (as the sandbox does); elsewhere, skip."""
-  if os.geteuid() != 0:
-    pytest.skip('a client of another uid needs root here (setresuid to 65534)')
-
-
 # An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its own
 # SETTINGS frame (type 4) first.
 _GRPC_CLIENT = _DROP + r"""
@@ -485,7 +466,8 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.usefixtures('needs_root')
+@pytest.mark.needs_namespaces  # unshare -n
+@pytest.mark.needs_other_uid
 @pytest.mark.timeout(300)
 def test_courier_and_reverb_serve_only_their_own_uid_with_the_preload(library, tmp_path):
   # In a network namespace of its own (root: no user namespace, so uids are the host's).
@@ -611,7 +593,7 @@ def _ends(client):
   return json.loads(client.communicate(timeout=30)[0])
 
 
-@pytest.mark.usefixtures('needs_root')
+@pytest.mark.needs_other_uid
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize('server_uid', [0, STRANGER], ids=['root-server', 'nobody-server'])
 def test_plain_accept_keeps_only_the_servers_own_uid(library, tmp_path, server_uid):

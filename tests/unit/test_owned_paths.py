@@ -20,9 +20,6 @@ from seedacme.runtime import owned_paths
 from seedacme.runtime.owned_paths import UnsafePathError
 
 OTHER = 65534
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which('setpriv') is None,
-    reason='switching to another uid (setpriv) needs root')
 
 
 def as_other(script: str) -> subprocess.CompletedProcess:
@@ -54,6 +51,7 @@ def victim(shared):
   return path
 
 
+@pytest.mark.needs_other_uid
 def test_a_directory_planted_by_another_uid_is_refused_naming_its_owner(shared, victim):
   planted = os.path.join(shared, 'run')
   done = as_other(f'mkdir -m 777 {planted} && ln -s {victim} {planted}/pid')
@@ -68,6 +66,7 @@ def test_a_directory_planted_by_another_uid_is_refused_naming_its_owner(shared, 
     assert f.read() == 'precious'
 
 
+@pytest.mark.needs_other_uid
 def test_a_symlink_planted_where_a_dir_or_file_goes_is_never_followed(shared, victim):
   mine = owned_paths.owned_dir(os.path.join(shared, 'mine'))
   link_dir, link_file = os.path.join(shared, 'logdir'), os.path.join(shared, 'batch.sh')
@@ -94,6 +93,7 @@ def test_a_symlink_planted_where_a_dir_or_file_goes_is_never_followed(shared, vi
     owned_paths.owned_dir(ours)
 
 
+@pytest.mark.needs_other_uid
 def test_a_directory_of_ours_others_can_write_into_is_refused(shared):
   path = os.path.join(shared, 'open')
   os.mkdir(path)
@@ -113,6 +113,7 @@ def test_a_directory_of_ours_others_can_write_into_is_refused(shared):
     owned_paths.owned_dir(os.path.join(shared, 'x'), 0o775)  # never made writable
 
 
+@pytest.mark.needs_other_uid
 def test_a_base_without_the_sticky_bit_is_refused_and_a_sticky_one_holds(shared):
   open_base = os.path.join(shared, 'project')
   os.mkdir(open_base)
@@ -156,6 +157,7 @@ def test_modes_hold_whatever_the_umask():
 
 # ---- A run's logdir and a launcher's temp and log dirs (Deliver 1) ------------------
 
+@pytest.mark.needs_other_uid
 def test_a_logdir_another_uid_made_is_refused_by_each_launcher_in_one_line(shared, capsys):
   """Another user creates the logdir path first (a logdir under /tmp): the local and
   cluster launchers refuse it naming the path and its owner, before writing anything;
@@ -184,6 +186,7 @@ def test_a_logdir_another_uid_made_is_refused_by_each_launcher_in_one_line(share
   assert logdir_lib.local_logdir_problem('gs://bucket/run') is None
 
 
+@pytest.mark.needs_other_uid
 def test_staged_code_executables_and_replica_logs_refuse_shared_places(shared, victim,
                                                                        monkeypatch):
   """The cluster and Vertex launchers' temp dir (staged code, Launchpad's executables)

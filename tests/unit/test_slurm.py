@@ -334,7 +334,7 @@ def _as_other(script: str):
                         check=False)
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='plants as uid 65534 (setpriv)')
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='makes a node /tmp of root')
 
 
 @pytest.fixture
@@ -351,7 +351,7 @@ def node_tmp():
   shutil.rmtree(path, ignore_errors=True)
 
 
-@needs_root
+@pytest.mark.needs_other_uid  # plants as uid 65534 (setpriv, chown)
 def test_a_task_dir_is_new_and_private_whatever_another_uid_planted(node_tmp):
   """Issue 62's attack: uid 65534 plants the task's old predictable dir with a `pid`
   symlink to a file of ours. The task makes a new 0700 dir of its own instead (no '_'),
@@ -405,7 +405,7 @@ def test_the_task_base_is_tmpdir_only_when_no_one_else_can_replace_what_is_made_
   assert base == '/tmp' and 'contains "_"' in passed[0]
 
 
-@needs_root
+@pytest.mark.needs_other_uid  # plants as uid 65534 (setpriv, chown)
 def test_stale_task_dirs_of_others_and_links_are_never_removed(node_tmp):
   """The sweep removes only this user's real dirs: not another uid's (named like ours,
   its pid dead), not a symlink named like ours (to a dir of ours with a dead pid)."""

@@ -65,8 +65,7 @@ def shared():
   shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which('setpriv') is None,
-                    reason='switching to another uid (setpriv) needs root')
+@pytest.mark.needs_other_uid
 @pytest.mark.parametrize('logdir_of', ['theirs', 'ours, others can write into it'])
 def test_a_tls_dir_planted_by_another_uid_is_refused_naming_its_owner(shared, logdir_of,
                                                                       tmp_path):

@@ -378,7 +378,12 @@ def test_the_kernel_drops_a_shunned_addresss_syns_at_the_listener():
   listener.listen(16)
   port = listener.getsockname()[1]
   try:
-    tls_tunnel.shun_filter(listener, ['127.0.0.9', '10.1.2.3', '::1'])
+    try:
+      tls_tunnel.shun_filter(listener, ['127.0.0.9', '10.1.2.3', '::1'])
+    except PermissionError as e:  # a host without capabilities (a container, issue 64):
+      if os.environ.get('SEEDACME_REQUIRE_NAMESPACES'):  # the endpoint refuses in
+        raise  # userland there instead
+      pytest.skip(f'this host may not attach a socket filter: {e}')
     assert _dial(port, '127.0.0.9') == 'TimeoutError'  # its SYN dropped: no answer
     assert _dial(port, '127.0.0.5') == 'connected'
     tls_tunnel.shun_filter(listener, [])  # no one shunned: the filter goes
