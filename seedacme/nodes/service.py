@@ -14,7 +14,6 @@ the arguments say is checked where they are used, each wrong field refused by na
 from typing import Any
 
 from seedacme.wire import courier_guard
-from seedacme.wire.protocol import InvalidRequestError
 
 # The central node's Courier surface: what actors, the evaluator and launchers call.
 # Launchpad would serve every public method (`finish`, `shutdown`, `run`, ...).
@@ -36,6 +35,7 @@ class CentralService:
 
   def shm_offer(self, *args):
     if len(args) > 1:  # (pid) or (); the pid itself is checked by `ShmServer.offer`
+      from seedacme.wire.protocol import InvalidRequestError  # pylint: disable=g-import-not-at-top
       raise InvalidRequestError(f'shm_offer takes one argument (pid), got {len(args)}')
     args = courier_guard.accept(args, 'shm_offer')
     return courier_guard.plain(self._node.shm_offer(*args))
