@@ -32,6 +32,18 @@ replicas in a private namespace behind the run's mutual-TLS endpoint
 The sidecar is a thread of each host's launcher, so its CPU shows as `tunnel` (the
 launchers' processes, steady window only).
 
+`--modes ...,central_loopback,shm_loopback` adds the same programs under issue 64's
+fallback: `--network loopback`, every node's servers kept on loopback by the LD_PRELOAD
+interposer (`seedacme/runtime/isolation.py`: binds moved, other uids' connections
+refused at accept) instead of the default private namespace. `<mode>_loopback_vs_<mode>`
+is loopback over namespace. The difference sought is a few per cent on 2 shared cores
+whose load moves a run's rate by tens of per cent, so `--repeats N` runs every mode N times per config,
+interleaved (the mode order reversed every round: A B B A A B), and the row holds each
+mode's median (`<mode>_runs`: the rates, `<mode>_spread`: (max - min) / median;
+`<a>_vs_<b>_paired`: the median of the rounds' ratios, each of two runs side by side); the
+JSON's `runs` has every run with the load average before and after it and the isolation
+its launcher said it used (a mode that did not get the one it asked for fails the run).
+
 Prints the tables and writes bench/results/acting[_quick].json (`--out` names another). Asserts nothing about
 speed: it reports.
 """
@@ -45,8 +57,8 @@ import time
 
 import psutil
 
-from harness import (REPO, TAG_VAR, ProgramRun, env_ceiling, machine, print_table,
-                     tagged_processes, write_json)
+from harness import (REPO, TAG_VAR, ProgramRun, commit, env_ceiling, machine,
+                     print_table, tagged_processes, write_json)
 
 # Frames per env step: Atari repeats each action 4 times.
 FRAMES_PER_STEP = {'catch': 1, 'atari': 4}
@@ -70,6 +82,46 @@ MODES = (('central', ['--inference', 'central', '--transport', 'courier']),
 
 CROSS = (('cross', ['--inference', 'central', '--transport', 'courier', '--network', 'host']),
          ('tls', ['--inference', 'central', '--transport', 'courier']))
+
+# Issue 64's fallback beside the namespace: named in --modes only (not in the default set).
+LOOPBACK = tuple((f'{mode}_loopback', [*flags, '--network', 'loopback'])
+                 for mode, flags in MODES if mode in ('central', 'shm'))
+# The isolation each mode's launcher must report ('seedacme: isolation: <it>').
+EXPECTED_ISOLATION = {**{m: 'namespace' for m, _ in MODES},
+                      **{m: 'loopback' for m, _ in LOOPBACK}}
+
+
+def interleaved(modes, repeats: int):
+  """(round, mode) in run order: the modes forward, then backward, ... (A B B A A B):
+  a load that drifts over the rounds falls on every mode alike."""
+  for r in range(repeats):
+    for mode in (modes if r % 2 == 0 else modes[::-1]):
+      yield r, mode
+
+
+def median(values):
+  """Median of the finite values (NaN when none: a run that measured no steps)."""
+  finite = sorted(v for v in values if isinstance(v, (int, float)) and v == v)
+  if not finite:
+    return float('nan')
+  mid = len(finite) // 2
+  return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+
+
+def isolation_said(workdir: str) -> str | None:
+  """The isolation the launcher said it used, from the run's stdout (None: not said)."""
+  try:
+    with open(os.path.join(workdir, 'stdout.txt'), errors='replace') as f:
+      for line in f:
+        if line.startswith('seedacme: isolation: '):
+          return line.split()[2]
+  except OSError:
+    pass
+  return None
+
+
+def loads() -> list:
+  return [round(x, 2) for x in os.getloadavg()]
 
 
 class CrossHostRun(ProgramRun):
@@ -163,7 +215,11 @@ def main() -> int:
                       help='program budget per run (default 35; quick 15)')
   parser.add_argument('--only', default=None, help="'catch' or 'atari'")
   parser.add_argument('--modes', default=None,
-                      help="comma-separated subset of 'central,shm,actor' (default: all)")
+                      help="comma-separated, of 'central,shm,actor' (the default: all "
+                      "three), 'central_loopback,shm_loopback' (issue 64's fallback) and "
+                      "with --cross_host 'cross,tls'")
+  parser.add_argument('--repeats', type=int, default=1,
+                      help='runs of every mode per config, interleaved; rows hold medians')
   parser.add_argument('--configs', default=None,
                       help="e.g. 'catch:2:1,atari:2:16' (default: all of configs())")
   parser.add_argument('--cross_host', action='store_true',
@@ -172,9 +228,20 @@ def main() -> int:
   parser.add_argument('--out', default=None,
                       help='name of the JSON in bench/results/ (default acting[_quick].json)')
   args = parser.parse_args()
+  known = MODES + LOOPBACK + (CROSS if args.cross_host else ())
   modes = MODES + (CROSS if args.cross_host else ())
+  if args.modes:
+    asked = args.modes.split(',')
+    unknown = [m for m in asked if m not in dict(known)]
+    if unknown:
+      parser.error(f'--modes: unknown {unknown}; known: {[m for m, _ in known]}'
+                   + ('' if args.cross_host else " ('cross', 'tls' need --cross_host)"))
+    modes = tuple((m, dict(known)[m]) for m in dict.fromkeys(asked))  # in the order asked
+  if args.repeats < 1:
+    parser.error(f'--repeats must be at least 1, got {args.repeats}')
   seconds = args.seconds or (15.0 if args.quick else 35.0)
-  rows = []
+  load_at_start = loads()
+  rows, runs = [], []
   chosen = configs(args.quick) if not args.configs else [
       (e, int(a), int(k)) for e, a, k in (c.split(':') for c in args.configs.split(','))]
   for env, actors, k in chosen:
@@ -185,41 +252,73 @@ def main() -> int:
     extra += ['--env_engine', engine]
     row = {'env': 'pong' if env == 'atari' else env, 'actors': actors, 'K': k,
            'engine': engine}
-    for mode, flags in modes:
-      if args.modes and mode not in args.modes.split(','):
-        continue
+    flags_of = dict(modes)
+    measured = {m: [] for m, _ in modes}  # mode -> the figures of each of its runs
+    for rnd, mode in interleaved([m for m, _ in modes], args.repeats):
       kind = CrossHostRun if mode in ('cross', 'tls') else ProgramRun
-      run = kind([env, 'vtrace', str(actors), str(k), *flags,
+      run = kind([env, 'vtrace', str(actors), str(k), *flags_of[mode],
                   '--acting_only', '--num_eval_envs', '0',
                   '--max_seconds', str(seconds), *extra], f'{env}_{mode}')
-      started = time.monotonic()
+      started, load_before = time.monotonic(), loads()
       result = run.run(timeout_s=seconds + 150)
       rate = run.steady_rate('env_steps') * FRAMES_PER_STEP[env]
-      row[f'{mode}_per_s'] = rate
-      row[f'{mode}_actor_rss_mb'] = run.node_rss('actor')
-      row[f'{mode}_learner_rss_mb'] = run.node_rss('learner')
-      row[f'{mode}_exit'] = result['exit_code']
-      row[f'{mode}_load_1m'] = result['load_1m_at_end']  # other work skews the numbers
-      # Where the CPU goes per env step: the actors' nodes and the central node's.
+      moving = [r['elapsed_s'] for r in run.records if r.get('env_steps')]
+      steady_s = moving[-1] - moving[0] - 5.0 if moving else 0.0  # steady_rate's window
+      figures = {'per_s': rate, 'actor_rss_mb': run.node_rss('actor'),
+                 'learner_rss_mb': run.node_rss('learner'), 'exit': result['exit_code'],
+                 'load_1m': result['load_1m_at_end']}  # other work skews the numbers
+      # Where the CPU goes per env step: the actors' nodes and the central node's
+      # (and in `cross`/`tls` the launchers, in `tls` their sidecars).
       for group in ('actor', 'learner', 'tunnel'):
-        row[f'{mode}_{group}_cpu_us_per_step'] = run.cpu_us_per_step(group)
-      print(f'acting: {env} {actors}x{k} {mode}: {rate:,.0f} '
+        figures[f'{group}_cpu_us_per_step'] = run.cpu_us_per_step(group)
+      figures['cpu_us_per_step'] = (figures['actor_cpu_us_per_step']
+                                    + figures['learner_cpu_us_per_step'])
+      if mode in ('cross', 'tls'):
+        figures['cpu_us_per_step'] += figures['tunnel_cpu_us_per_step']
+      measured[mode].append(figures)
+      said = isolation_said(run.workdir) if mode in EXPECTED_ISOLATION else None
+      runs.append({'env': row['env'], 'actors': actors, 'K': k, 'mode': mode, 'round': rnd,
+                   'per_s': rate, 'exit': result['exit_code'], 'isolation': said,
+                   'load_before': load_before, 'load_after': loads(),
+                   'wall_s': round(result['wall_s'], 1), 'steady_s': round(steady_s, 1),
+                   'cpu_us_per_step': figures['cpu_us_per_step']})
+      print(f'acting: {env} {actors}x{k} {mode} (round {rnd}): {rate:,.0f} '
             f'{"frames" if env == "atari" else "steps"}/s (exit {result["exit_code"]}, '
+            f'isolation {said or "-"}, load {load_before[0]:.1f} -> {loads()[0]:.1f}, '
             f'{time.monotonic() - started:.0f}s, logdir {run.logdir})', flush=True)
+    for mode, per_run in measured.items():
+      if not per_run:
+        continue
+      for key in per_run[0]:  # one run: its figures; several: medians (worst exit, load)
+        values = [f[key] for f in per_run]
+        row[f'{mode}_{key}'] = (values[0] if len(values) == 1 else
+                                max(values, key=abs) if key == 'exit' else
+                                max(values) if key == 'load_1m' else median(values))
+      if len(per_run) > 1:
+        rates = [f['per_s'] for f in per_run]
+        row[f'{mode}_runs'] = rates
+        finite = [r for r in rates if r == r]
+        row[f'{mode}_spread'] = ((max(finite) - min(finite)) / row[f'{mode}_per_s']
+                                 if finite and row[f'{mode}_per_s'] > 0 else float('nan'))
+      if mode in EXPECTED_ISOLATION:
+        said = sorted({str(r['isolation']) for r in runs if r['mode'] == mode and
+                       (r['env'], r['actors'], r['K']) == (row['env'], actors, k)})
+        row[f'{mode}_isolation'] = ','.join(said)
     row['ceiling_per_s'] = env_ceiling(env, actors, k, seconds=3.0 if args.quick else 8.0,
                                        engine=engine) * FRAMES_PER_STEP[env]
     ran = [m for m, _ in modes if f'{m}_per_s' in row]
     for mode in ran:
-      row[f'{mode}_cpu_us_per_step'] = (row[f'{mode}_actor_cpu_us_per_step']
-                                        + row[f'{mode}_learner_cpu_us_per_step'])
-      if mode in ('cross', 'tls'):  # the launchers (and in `tls` their sidecars)
-        row[f'{mode}_cpu_us_per_step'] += row[f'{mode}_tunnel_cpu_us_per_step']
       row[f'{mode}_of_ceiling'] = row[f'{mode}_per_s'] / row['ceiling_per_s']
     for a, b in (('central', 'actor'), ('shm', 'actor'), ('shm', 'central'),
-                 ('cross', 'central'), ('cross', 'shm'), ('tls', 'cross')):
+                 ('cross', 'central'), ('cross', 'shm'), ('tls', 'cross'),
+                 ('central_loopback', 'central'), ('shm_loopback', 'shm')):
       if a in ran and b in ran:  # None where a mode measured no steps (nothing to compare)
         row[f'{a}_vs_{b}'] = (row[f'{a}_per_s'] / row[f'{b}_per_s']
                               if row[f'{b}_per_s'] > 0 else None)
+        if args.repeats > 1:  # round by round (the two ran next to each other): drift cancels
+          pairs = zip(measured[a], measured[b])
+          row[f'{a}_vs_{b}_paired'] = median([x['per_s'] / y['per_s'] for x, y in pairs
+                                              if y['per_s'] > 0])
     rows.append(row)
   print('\nenv steps/s (Catch) or frames/s (Pong); RSS of the largest actor node '
         '(supervisor + child) in MB')
@@ -241,11 +340,34 @@ def main() -> int:
                         'cross_cpu_us_per_step', 'tls_actor_cpu_us_per_step',
                         'tls_learner_cpu_us_per_step', 'tls_tunnel_cpu_us_per_step',
                         'tls_cpu_us_per_step'] if args.cross_host else [])])
+  if any(m in dict(LOOPBACK) for m, _ in modes):
+    print('\nIssue 64: servers on loopback through the interposer (`--network loopback`) '
+          'against the private namespace; medians of --repeats runs, spread = (max - min) '
+          '/ median')
+    columns = []
+    for mode, _ in LOOPBACK:  # namespace, loopback, their ratio, each one's spread
+      base = mode[:-len('_loopback')]
+      if mode in dict(modes):
+        columns += [f'{base}_per_s', f'{mode}_per_s', f'{mode}_vs_{base}',
+                    f'{mode}_vs_{base}_paired', f'{base}_spread', f'{mode}_spread']
+    print_table(rows, ['env', 'actors', 'K', *columns])
+  load_1m = [v for r in runs for v in (r['load_before'][0], r['load_after'][0])]
+  payload = {'command': ' '.join(['bench/acting.py', *sys.argv[1:]]), **commit(),
+             'machine': machine(), 'seconds_per_run': seconds, 'repeats': args.repeats,
+             'modes': [m for m, _ in modes],
+             'load': {'at_start': load_at_start, 'at_end': loads(),
+                      'runs_1m': [min(load_1m), max(load_1m)] if load_1m else None},
+             'rows': rows, 'runs': runs}
   path = write_json(args.out or ('acting_quick.json' if args.quick else 'acting.json'),
-                    {'machine': machine(), 'seconds_per_run': seconds, 'rows': rows})
+                    payload)
   print(f'acting: wrote {path}')
-  failed = [r for r in rows if any(r.get(f'{m}_exit') for m, _ in modes)]
-  return 1 if failed else 0
+  wrong = [r for r in runs if r['mode'] in EXPECTED_ISOLATION
+           and r['isolation'] != EXPECTED_ISOLATION[r['mode']]]
+  for r in wrong:
+    print(f"acting: {r['env']} {r['actors']}x{r['K']} {r['mode']} ran with isolation "
+          f"{r['isolation']}, not {EXPECTED_ISOLATION[r['mode']]}", flush=True)
+  failed = [r for r in runs if r['exit']]
+  return 1 if failed or wrong else 0
 
 
 if __name__ == '__main__':
