@@ -396,9 +396,9 @@ servers = json.loads(sys.stdin.readline())  # {'preload': {'reverb': port, ...},
 PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 def raw(port):
-  c = socket.create_connection(('127.0.0.1', port), timeout=10)
-  got, end = b'', 'open'
+  got, end, c = b'', 'open', None
   try:
+    c = socket.create_connection(('127.0.0.1', port), timeout=10)
     c.sendall(PREFACE)
     while len(got) < 9:
       more = c.recv(64)
@@ -408,7 +408,8 @@ def raw(port):
       got += more
   except OSError as e:
     end = type(e).__name__
-  c.close()
+  if c is not None:
+    c.close()
   return {'frame_type': got[3] if len(got) >= 4 else None, 'end': end}
 
 out = {'uid': os.geteuid()}
@@ -441,7 +442,7 @@ started = {name: subprocess.Popen([sys.executable, '-c', servers], **pipes, env=
            for name, env in (('preload', isolation.loopback_env(os.environ, library)),
                              ('plain', dict(os.environ)))}
 clients = {uid: subprocess.Popen([sys.executable, '-c', client, uid], **pipes,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=open(f'client-{uid}.err', 'w'))
            for uid in (stranger, str(os.geteuid()))}
 try:
   ready = {}
@@ -454,7 +455,11 @@ try:
                       for name, r in ready.items()})
   out = {'ready': ready}
   for uid, p in clients.items():  # one after the other
-    out[uid] = json.loads(p.communicate(ports + '\n', timeout=120)[0])
+    said = p.communicate(ports + '\n', timeout=120)[0]
+    if not said:
+      sys.exit(f'the client as uid {uid} ended with {p.returncode}, saying nothing: '
+               + open(f'client-{uid}.err').read()[-2000:])
+    out[uid] = json.loads(said)
 finally:
   for p in [*started.values(), *clients.values()]:
     if p.stdin and not p.stdin.closed:

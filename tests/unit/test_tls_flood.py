@@ -291,11 +291,16 @@ _OUT_OF_DESCRIPTORS = textwrap.dedent('''
     for client in clients:
       client.settimeout(5)
       client.connect(('127.0.0.1', port))  # queued in the kernel for accept()
-    time.sleep(1.5)  # the endpoint's accept() fails: no descriptor left
+    def wait_for(done, seconds=20.0):  # polled: a loaded host runs the loop late
+      end = time.monotonic() + seconds
+      while not done() and time.monotonic() < end:
+        time.sleep(0.05)
+    wait_for(lambda: counters.accept_errors)  # accept() fails: no descriptor left
     failed = counters.accept_errors
     for fd in hog[:50]:
       os.close(fd)
-    time.sleep(1.0)  # descriptors again: the queued connections are taken
+    wait_for(lambda: counters.connections >= 4)  # the queued connections are taken
+    time.sleep(0.5)  # and no more than those
     print('RESULT ' + json.dumps(dict(failed=failed, connections=counters.connections,
                                       counters=counters.as_dict())), flush=True)
 ''')
