@@ -261,9 +261,10 @@ class ProgramConfig:
     """Refuses by name what the reproducible schedule cannot run yet: actor-side
     inference, several learner devices, an agent without a round schedule (the
     builder's `round_schedule`: R2D2 and SAC, issue 63 Deliver 2; a learner batch that
-    does not divide the training envs), and a half-batch engine (Atari's
-    'vector_async' sends half of an actor's envs per request, and a round needs every
-    env's request before it is served: the actor would wait forever)."""
+    does not divide the training envs), and a half-batch engine for the actors or the
+    evaluator (Atari's 'vector_async' sends half of an actor's envs per request, and a
+    round needs every env's request before it is served: the actor would wait forever;
+    an evaluation pass, every evaluator env's)."""
     why = 'cannot run with reproducible=True (--reproducible)'
     if self.inference != 'central':
       raise ValueError(
@@ -285,8 +286,10 @@ class ProgramConfig:
         raise ValueError(f'{why}: {e}') from e
     if env_factory is not None:
       from seedacme.types import Mode, factory_for  # pylint: disable=g-import-not-at-top
-      engine = getattr(factory_for(env_factory, Mode.TRAIN), 'engine', None)
-      if engine == 'vector_async':
+      # The evaluator's requests too: each holds all its envs (`seedacme.serving.evaluation`).
+      modes = (Mode.TRAIN, Mode.EVAL) if self.num_eval_envs else (Mode.TRAIN,)
+      engines = {getattr(factory_for(env_factory, m), 'engine', None) for m in modes}
+      if 'vector_async' in engines:
         raise ValueError(
             f"env engine 'vector_async' {why}: it sends half of an actor's envs per "
             'request, and a round is served only once every env has asked; use '

@@ -31,6 +31,12 @@ server's `round_stop`). The summary carries `weights_sha256` (the policy's varia
 at the end, in every run) and, for a reproducible run, its rounds and
 `exact_until_round` (null: exact throughout; else the last round whose record the
 seed alone decided -- an actor restart, a retried request or a resume came after it).
+Its evaluator plays in passes, each with one named version of the weights
+(`seedacme.serving.evaluation`): the node builds a second copy of the policy for it
+(`_make_evaluation`, last, so that the training networks' initial weights are drawn as
+without it), writes each pass to `evals.jsonl`, lets the passes that start by the
+run's last round finish before it ends (`EVAL_FINISH_S`), and puts the passes in the
+summary (`eval_*`).
 
 Why ~380 lines: the node composes parts that live elsewhere, but its start-up
 (placement, restore and the run-config check) and its one end (`finish`) are ordered
@@ -67,6 +73,7 @@ from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event
+from seedacme.serving.evaluation import EvalPasses, episodes_per_env
 from seedacme.serving.rounds import RoundGate
 from seedacme.serving.server import InferenceServer
 from seedacme.serving.tf_policy import inference_device
@@ -81,6 +88,9 @@ PROGRAM_STOP_WAIT_S = 60.0
 # How long `finish` waits for the learner's step in flight; the central supervisor's
 # grace (`central_process.CENTRAL_STOP_TIMEOUT_S`) leaves room for it and the save.
 LEARNER_JOIN_S = 4.0
+# How long a reproducible run's end waits for the evaluator to play the passes that
+# start by its last round (`EvalPasses.wait_finished`; the summary says if it did).
+EVAL_FINISH_S = 120.0
 
 def weights_sha256(variables: Sequence[Any]) -> str:
   """A hash of `variables`' values in order (dtype, shape and bytes of each): two runs
@@ -202,6 +212,9 @@ class CentralNode:
     if self.clock is not None:
       self.clock.note_learner_steps(self.learner_steps)
     self.monitor.restart_clock(self.learner_steps, resumed=self.resumed_from is not None)
+    self.evaluation: EvalPasses | None = None
+    if self.rounds is not None and self.server is not None and config.num_eval_envs:
+      self.evaluation = self._make_evaluation()
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
     self.summary: Dict[str, Any] | None = None
@@ -213,6 +226,39 @@ class CentralNode:
                  '' if config.train else ', acting only', config.num_envs,
                  config.num_train_envs, serving.max_batch_envs,
                  config.inference_timeout_ms)
+
+  def _make_evaluation(self) -> EvalPasses:
+    """A reproducible run's evaluator: a second copy of the policy (its variables
+    loaded from a round's copy at each pass start), compiled for the evaluator's batch,
+    and the passes (`seedacme.serving.evaluation`). Made after everything else: building
+    a network draws its initial weights from TensorFlow's seeded sequence."""
+    builder, spec, c = self._builder, self._spec, self._config
+    device = self.placement.inference
+    with tf.device(device):
+      networks = builder.make_networks(spec)
+    with inference_device(device):
+      policy = builder.make_policy(networks, spec, c.num_train_envs, c.num_envs)
+    live = list(builder.policy_network(self._inference_networks).variables)
+    copy = list(builder.policy_network(networks).variables)
+    if [v.shape for v in live] != [v.shape for v in copy]:
+      raise RuntimeError('the evaluator\'s copy of the policy does not match the policy')
+
+    def capture():  # on the round gate's thread: the round's weights, to the host
+      return [np.array(v.numpy(), copy=True) for v in live]
+
+    def load(values):  # on the evaluator's thread, between its calls
+      for v, value in zip(copy, values):
+        v.assign(value)
+
+    evaluation = EvalPasses(
+        builder.schedule, c.num_eval_envs, episodes_per_env(c.eval_episodes,
+                                                            c.num_eval_envs),
+        capture, load, on_pass=self.monitor.eval_record, is_closed=self._rounds_closed)
+    policy.warm_up([c.num_eval_envs])
+    self.server.evaluate_with(evaluation, policy)
+    logging.info('Reproducible evaluator: passes of %d episodes per env on its own copy '
+                 'of the policy', evaluation.episodes)
+    return evaluation
 
   def set_courier_server(self, server) -> None:
     """Launchpad's `CourierNode` hook: serve `PUBLIC_METHODS` on its port instead of
@@ -309,6 +355,8 @@ class CentralNode:
           reason = StopReason(StopKind.DIVERGED, detail=self.server.policy_error)
         if reason is None and self.server is not None:
           reason = self.server.round_stop  # a reproducible run ends at a round's start
+          if reason is not None and self.evaluation is not None:
+            self._finish_evaluation()
         if reason is None and learner_ended:
           reason = self._learner_failure(loop.error)
     finally:
@@ -318,6 +366,15 @@ class CentralNode:
       self.finish(reason)
     if loop.error is not None and reason.kind is not StopKind.DIVERGED:
       raise loop.error
+
+  def _finish_evaluation(self) -> None:
+    """The run ended at a round's start: the evaluator plays the passes that start by
+    that round (boundedly: `EVAL_FINISH_S`; a stop signal ends the wait)."""
+    started = time.monotonic()
+    done = self.evaluation.wait_finished(EVAL_FINISH_S, stop=self._stop.is_set)
+    logging.info('Reproducible evaluator: %d passes%s (waited %.1fs)',
+                 len(self.evaluation.records), '' if done else ', not finished',
+                 time.monotonic() - started)
 
   def _on_round(self, round_index: int) -> StopReason | None:
     """The round gate's hook, at the start of round `round_index` (acting waits, the
@@ -340,6 +397,8 @@ class CentralNode:
                  exact_until_round=self.rounds.exact_until_round,
                  not_exact_because=self.rounds.not_exact_because,
                  round_learner_wait_s=self.rounds.learner_wait_s)
+    if self.evaluation is not None:
+      out.update(self.evaluation.summary())
     return out
 
   @staticmethod

@@ -21,7 +21,9 @@ function of the seed: training env steps, episodes and returns counted in env-id
 order, the learner's steps and its metrics at that step; nothing timed). Its learner
 and env-step budgets and a training target are checked there, so the run ends at a
 round's start whatever the machine's speed; the wall-clock records above still check
-the time budget and an evaluation target, and stay as they are.
+the time budget and an evaluation target, and stay as they are. Its evaluator's passes
+(`seedacme.serving.evaluation`: each played by one named weights version) go to
+`<logdir>/evals.jsonl` (`eval_record`), one line per pass.
 
 Budgets count over the whole run. Env and learner steps are restored with the
 checkpoint; the time is the run's clock (`<logdir>/run_clock.json`: seconds of running
@@ -53,6 +55,7 @@ from seedacme.run.progress import ProgressWriter
 
 RUN_CLOCK = 'run_clock.json'
 ROUNDS = 'rounds.jsonl'  # a reproducible run's round records
+EVALS = 'evals.jsonl'  # a reproducible run's evaluation passes
 
 
 class StopKind(enum.Enum):
@@ -169,6 +172,8 @@ class RunMonitor:
     self._learner_steps_at_start = 0  # `learner_stepped`: has it stepped since?
     self._rounds_path = os.path.join(config.logdir, ROUNDS)
     self._round_lines: List[str] | None = None  # None: rounds.jsonl not started here
+    self._evals_path = os.path.join(config.logdir, EVALS)
+    self._eval_lines: List[str] | None = None  # None: evals.jsonl not started here
     self._resumed = False
     self.last_round: Dict[str, Any] = {}
 
@@ -241,26 +246,37 @@ class RunMonitor:
       return StopReason(StopKind.TARGET, record['average_return'], c.target_return)
     return None
 
+  def eval_record(self, record: Dict[str, Any]) -> None:
+    """Writes one evaluation pass of a reproducible run to evals.jsonl (its version,
+    calls and returns: `seedacme.serving.evaluation`)."""
+    self._eval_lines = self._append_line(self._evals_path, self._eval_lines, record)
+
   def _write_round(self, record: Dict[str, Any]) -> None:
-    """One line of rounds.jsonl: appended locally; a remote logdir's file is rewritten
-    whole by rename (it cannot be appended to). A fresh run starts the file anew."""
+    self._round_lines = self._append_line(self._rounds_path, self._round_lines, record)
+
+  def _append_line(self, path: str, lines: List[str] | None,
+                   record: Dict[str, Any]) -> List[str]:
+    """One line of a records file (`lines`: what this process wrote to it, None at
+    first): appended locally; a remote logdir's file is rewritten whole by rename (it
+    cannot be appended to). A fresh run starts the file anew."""
     line = json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                        for k, v in record.items()}) + '\n'
     local = logdir_lib.is_local(self._config.logdir)
-    if self._round_lines is None:
-      self._round_lines = []
+    if lines is None:
+      lines = []
       if not self._resumed and local:
-        with open(self._rounds_path, 'w'):
+        with open(path, 'w'):
           pass
     try:
       if local:
-        with open(self._rounds_path, 'a') as f:
+        with open(path, 'a') as f:
           f.write(line)
       else:
-        self._round_lines.append(line)
-        logdir_lib.write_atomic(self._rounds_path, ''.join(self._round_lines))
+        lines.append(line)
+        logdir_lib.write_atomic(path, ''.join(lines))
     except OSError as e:  # the run goes on; the records are then incomplete, and said so
-      logging.warning('Cannot write %s: %s', self._rounds_path, e)
+      logging.warning('Cannot write %s: %s', path, e)
+    return lines
 
   def _replay_stats(self) -> Dict[str, Any]:
     """Size, inserts and samples over all Reverb tables (None when unreachable)."""

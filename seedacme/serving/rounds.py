@@ -13,8 +13,11 @@ A reproducible run (`ProgramConfig.reproducible`) serves training envs in rounds
 * `RoundGate` (here) counts the calls served (every env has had the same number) and,
   before a round's first call, waits for the learner steps that round acts after
   (`RoundSchedule.learner_steps_for`, `RoundClock`) -- the version barrier: acting and
-  learning alternate, so the weights never change during a round -- then runs the
-  round hook (the central node's: the round's record, and whether the run ends there).
+  learning alternate, so the weights never change during a round -- then tells the
+  reproducible evaluator the round started (`EvalPasses.round_started`: it keeps a copy
+  of the round's weights for the passes that start in it, `seedacme.serving.evaluation`)
+  and runs the round hook (the central node's: the round's record, and whether the run
+  ends there).
 * What it cannot replay exactly it records: the first round whose record may differ
   from the uninterrupted run's (`exact_until_round`; an actor restarted, a request
   served twice, a resume from a wall-clock checkpoint) goes into the summary.
@@ -59,6 +62,9 @@ class RoundGate:
     self.exact_until_round: int | None = None  # None: exact so far
     self.learner_wait_s = 0.0  # spent at the barrier, acting idle (the schedule's cost)
     self.not_exact_because: str | None = None
+    # A reproducible evaluator's passes (`seedacme.serving.evaluation.EvalPasses`), set
+    # by the central node: told each round's start, after the barrier (None: none).
+    self.evaluation: Any = None
 
   def resume_at(self, learner_steps: int) -> None:
     """A resumed learner had `learner_steps`: this process's rounds count from there."""
@@ -93,10 +99,14 @@ class RoundGate:
       finally:
         self.learner_wait_s += time.monotonic() - started
     self.round = r
+    if self.evaluation is not None:  # the evaluator's copy of this round's weights
+      self.evaluation.round_started(r, self.learner_steps_before(r))
     if self._on_round is not None:
       stop = self._on_round(r)
       if stop is not None:
         self.stop = stop
+        if self.evaluation is not None:
+          self.evaluation.run_ended(r, self.learner_steps_before(r))
         return False
     return True
 

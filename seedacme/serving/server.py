@@ -23,11 +23,17 @@ evaluation requests alone), their rows put in env-id order for the policy, the s
 the account, and a round's first call waits for the learner (the version barrier).
 Training requests must then hold training envs only, evaluation requests evaluator envs
 only (refused by name otherwise: an evaluator row would move a training env's state).
+With the reproducible evaluator (`evaluation`, `seedacme.serving.evaluation`) an
+evaluation request holds every evaluator env and is served by its own policy (the
+weights of its pass, a copy) outside the batcher, one at a time: it may wait for its
+pass's round without holding up a training batch, and a round's start may wait for it
+without holding up the evaluator.
 
 Why ~400 lines: the batch step's six stages (above), its refusal paths and the
 round gate's ordering are one pipeline over one batcher.
 """
 
+import threading
 from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import logging
@@ -38,6 +44,7 @@ from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.run.contacts import EnvContacts
 from seedacme.runtime.lifecycle import ShutdownError
 from seedacme.serving import batcher as batcher_lib
+from seedacme.serving.evaluation import EvalPasses
 from seedacme.serving.policy import ServerPolicy
 from seedacme.serving.rounds import RoundGate
 from seedacme.types import FIRST, LAST, EnvSpec, Episodes, InvalidActionError, Mode
@@ -101,6 +108,31 @@ class InferenceServer:
       self._batcher = batcher_lib.RoundBatcher(
           self._process, rounds.num_envs, keys=self._round_key, name='inference-rounds')
     self._held_seen = 0  # `RoundBatcher.held` already recorded as not exact
+    self._evaluation: EvalPasses | None = None  # `evaluate_with`
+    self._eval_policy: ServerPolicy | None = None
+    self._eval_lock = threading.Lock()  # one evaluator call at a time
+    self._eval_episodes = EpisodeTracker(num_envs) if acting is not None else None
+
+  def evaluate_with(self, evaluation: EvalPasses, eval_policy: ServerPolicy) -> None:
+    """A reproducible run's evaluator (module docstring): `evaluation` decides which
+    weights each pass plays, `eval_policy` (its own copy of the weights, and the
+    evaluator envs' state) plays them. Before serving starts."""
+    if self.rounds is None:
+      raise ValueError('the reproducible evaluator needs a round gate')
+    if self.rounds.num_envs + evaluation.num_envs != self._num_envs:
+      raise ValueError(f'{evaluation.num_envs} evaluator envs after '
+                       f'{self.rounds.num_envs} training envs; the server serves '
+                       f'{self._num_envs}')
+    if getattr(eval_policy, 'num_envs', self._num_envs) < self._num_envs:
+      raise ValueError(f'the eval policy holds state for {eval_policy.num_envs} envs; '
+                       f'the server serves {self._num_envs}')
+    self._evaluation, self._eval_policy = evaluation, eval_policy
+    self.rounds.evaluation = evaluation
+
+  @property
+  def evaluation(self) -> EvalPasses | None:
+    """The reproducible evaluator's passes (None: evaluation as any request)."""
+    return self._evaluation
 
   def _parse(self, request: Dict[str, Any], owned: range | None) -> protocol.Request:
     """Validates one request (and, for a shared-memory caller, that it keeps to the
@@ -157,6 +189,8 @@ class InferenceServer:
     """Serves one actor's request (a Courier call)."""
     parsed = self._parse(request, None)
     self.contacts.mark(parsed.env_ids, 'courier')
+    if self._evaluation is not None and parsed.mode is Mode.EVAL:
+      return self._serve_evaluation(parsed)
     try:
       reply = self._batcher([parsed], parsed.size)[0]
     except ShutdownError as e:
@@ -198,7 +232,11 @@ class InferenceServer:
     parsed, where = [], []
     for i, (request, envs) in enumerate(zip(requests, owned)):
       try:
-        parsed.append(self._parse(request, envs))
+        one = self._parse(request, envs)
+        if self._evaluation is not None and one.mode is Mode.EVAL:
+          results[i] = self._serve_evaluation(one)
+          continue
+        parsed.append(one)
         where.append(i)
       except protocol.InvalidRequestError as e:
         results[i] = e
@@ -290,7 +328,7 @@ class InferenceServer:
               'state': tree.map_structure(pick, out.state)}
       self._sink.add(pick(env_ids), step)
     if self.acting is not None:
-      self._count(env_ids, step_type, reward, eval_mask)
+      self._count(env_ids, step_type, reward, eval_mask, self._episodes)
 
     if order is not None:
       action = action[np.argsort(order)]  # back in the order the requests came in
@@ -299,6 +337,50 @@ class InferenceServer:
       results[i] = {'action': action[offset:offset + r.size]}
       offset += r.size
     return results
+
+  def _serve_evaluation(self, r: protocol.Request) -> Dict[str, Any]:
+    """A reproducible evaluator's call (module docstring): every evaluator env, served
+    by the eval policy with its pass's weights; raises `InvalidRequestError` for a
+    request that does not hold every evaluator env once."""
+    evaluation, first = self._evaluation, self.rounds.num_envs
+    order = np.argsort(r.env_ids, kind='stable')
+    env_ids = r.env_ids[order]
+    if not np.array_equal(env_ids, np.arange(first, first + evaluation.num_envs)):
+      self.requests_refused += 1
+      raise protocol.InvalidRequestError(
+          f'an evaluation request for env_ids {sorted(set(r.env_ids.tolist()))[:16]}: a '
+          f'reproducible run\'s evaluator sends all its envs {first}..'
+          f'{first + evaluation.num_envs - 1} in each request')
+    run_ids, step_type, reward = r.run_ids[order], r.step_type[order], r.reward[order]
+    with self._eval_lock:
+      if self.policy_error is not None:
+        return {'shutting_down': f'the policy failed: {self.policy_error}'}
+      changed = self._run_ids[env_ids] != run_ids
+      if changed.any():
+        if (self._run_ids[env_ids[changed]] >= 0).any():
+          self.actor_restarts += 1
+          evaluation.not_exact('the evaluator restarted (its envs started over)')
+          if self._eval_episodes is not None:
+            self._eval_episodes.forget(env_ids[changed])
+        self._run_ids[env_ids[changed]] = run_ids[changed]
+      try:
+        if not evaluation.begin_call(step_type, reward):
+          return {'shutting_down': f'the run ended at round {evaluation.end_round}: no '
+                  'evaluation pass starts after it'}
+      except ShutdownError as e:
+        return {'shutting_down': str(e)}
+      evaluating = np.ones(len(env_ids), bool)
+      try:
+        out = self._eval_policy.step(env_ids, r.observation[order],
+                                     (step_type == FIRST) | changed, evaluating)
+      except InvalidActionError as e:
+        logging.error('The policy produced actions no env may take; serving stops: %s', e)
+        self.policy_error = self.policy_error or str(e)
+        return {'shutting_down': f'the policy failed: {self.policy_error}'}
+      evaluation.end_call()
+      if self.acting is not None:
+        self._count(env_ids, step_type, reward, evaluating, self._eval_episodes)
+    return {'action': out.action[np.argsort(order)]}
 
   def _refuse_all(self, results: List[Any], accepted: Sequence[int],
                   why: str | None = None) -> List[Any]:
@@ -349,12 +431,13 @@ class InferenceServer:
     return changed
 
   def _count(self, env_ids: np.ndarray, step_type: np.ndarray, reward: np.ndarray,
-             eval_mask: np.ndarray) -> None:
-    """Served steps and the episodes they ended, per `Mode`, into the acting account."""
+             eval_mask: np.ndarray, episodes: EpisodeTracker) -> None:
+    """Served steps and the episodes they ended (`episodes`: the tracker of these
+    envs), per `Mode`, into the acting account."""
     trained = int((~eval_mask).sum())
     self.acting.add_steps(Mode.TRAIN, trained)
     self.acting.add_steps(Mode.EVAL, len(env_ids) - trained)
-    finished = self._episodes.observe(env_ids, step_type, reward)
+    finished = episodes.observe(env_ids, step_type, reward)
     if len(finished.ids):
       # `observe` lists ended episodes in batch order: the LAST steps' order.
       ended_eval = eval_mask[step_type == LAST]
@@ -362,7 +445,10 @@ class InferenceServer:
         self.acting.add_episodes(mode, Episodes(*(x[pick] for x in finished)))
 
   def state_of(self, env_ids) -> Any:
-    """The stored recurrent state of these envs (the policy's device table)."""
+    """The stored recurrent state of these envs (the policy's device table; the
+    reproducible evaluator's envs: its own policy's)."""
+    if self._evaluation is not None and np.min(env_ids) >= self.rounds.num_envs:
+      return self._eval_policy.state_of(env_ids)
     return self._policy.state_of(env_ids)
 
   def trajectory_stats(self) -> Dict[str, float]:
