@@ -1,7 +1,8 @@
 """A seed names a run (issue 63) in the real program: `run_local catch vtrace` with
 `--reproducible`, launched as 2 x 8 and as 4 x 4 actors x envs at the same time (each
 is the other's load, on shared memory and Courier, with the evaluator beside them),
-gives the same round records and the same final weights.
+gives the same round records, the same evaluator passes (each played by one named
+version of the weights: `seedacme.serving.evaluation`) and the same final weights.
 """
 
 import pytest
@@ -22,15 +23,20 @@ def test_reproducible_catch_is_the_same_run_on_2x8_and_4x4_side_by_side(tmp_path
           for split in (['2', '8'], ['4', '4'])]
   for run in runs:
     run.complete(240)
-  rounds, summaries = [], []
+  rounds, evals, summaries = [], [], []
   for run in runs:
     with open(f'{run.logdir}/rounds.jsonl') as f:
       rounds.append(f.read())
+    with open(f'{run.logdir}/evals.jsonl') as f:
+      evals.append(f.read())
     summaries.append(run.json('summary.json'))
   assert rounds[0] == rounds[1]
+  assert evals[0] == evals[1] and evals[0]
   assert len(rounds[0].splitlines()) == 21  # rounds 0..20: one learner step each
   assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
   for summary in summaries:
     assert summary['stop']['kind'] == 'learner_steps', summary['stopped_because']
     assert summary['exact_until_round'] is None, summary['not_exact_because']
     assert summary['last_round'] == 20
+    assert summary['eval_complete'] and summary['eval_exact_until_pass'] is None
+    assert summary['eval_last_pass']['learner_steps'] == 20  # the final weights'
