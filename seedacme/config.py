@@ -264,8 +264,15 @@ class ProgramConfig:
     does not divide the training envs), and a half-batch engine for the actors or the
     evaluator (Atari's 'vector_async' sends half of an actor's envs per request, and a
     round needs every env's request before it is served: the actor would wait forever;
-    an evaluation pass, every evaluator env's)."""
+    an evaluation pass, every evaluator env's), and an evaluator on a clock
+    (`eval_interval_s`)."""
     why = 'cannot run with reproducible=True (--reproducible)'
+    if self.num_eval_envs and self.eval_interval_s:
+      raise ValueError(
+          f'eval_interval_s={self.eval_interval_s} {why}: an evaluator idling on the '
+          'clock would hold training up (a reproducible evaluator plays passes, each by '
+          'one version of the weights, and training waits for it when it falls 16 '
+          'rounds behind: seedacme/serving/evaluation.py); leave --eval_interval_s at 0')
     if self.inference != 'central':
       raise ValueError(
           f"inference={self.inference!r} {why}: every actor would act with its own copy "

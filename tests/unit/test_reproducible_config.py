@@ -13,7 +13,7 @@ from seedacme.config import ProgramConfig
 from seedacme.envs.registry import AtariFactory
 from seedacme.launchers import local, program_flags
 from seedacme.run import identity
-from seedacme.types import EnvSpec
+from seedacme.types import EnvFactories, EnvSpec
 
 SPEC = EnvSpec((10, 5), 'float32', 3)
 
@@ -48,6 +48,9 @@ def test_the_flag_makes_a_reproducible_run_of_an_unroll_queue_agent(argv, tmp_pa
       'actor'], r"inference='actor' cannot run with reproducible=True"),
     (['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--learner_devices',
       '2'], r"learner_devices='2' cannot run with reproducible"),
+    # The evaluator plays passes by call counts: idling on a clock would hold training.
+    (['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--eval_interval_s',
+      '60'], r'eval_interval_s=60.0 cannot run with reproducible.*--eval_interval_s at 0'),
 ])
 def test_what_the_schedule_cannot_run_is_refused_by_name(argv, match, tmp_path):
   with pytest.raises(program_flags.ProgramArgsError, match=match):
@@ -64,6 +67,14 @@ def test_a_half_batch_engine_is_refused():
     config.validate(builder, AtariFactory(engine='vector_async'))
   config.validate(builder, AtariFactory(engine='vector_sync'))
   config.validate(builder, envs.make_factory('catch'))
+  # The evaluator's requests too: a pass needs every evaluator env's.
+  with pytest.raises(ValueError, match=r"'vector_async' cannot run"):
+    config.validate(builder, EnvFactories(AtariFactory(engine='vector_sync'),
+                                          AtariFactory(engine='vector_async')))
+  no_evaluator = ProgramConfig(num_actors=2, envs_per_actor=8, reproducible=True,
+                               num_eval_envs=0)
+  no_evaluator.validate(builder, EnvFactories(AtariFactory(engine='vector_sync'),
+                                              AtariFactory(engine='vector_async')))
 
 
 @pytest.mark.parametrize('field,value,match', [
