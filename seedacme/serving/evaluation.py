@@ -44,6 +44,11 @@ learner_steps (the version), first and last call, the returns per env in the ord
 episodes ended, their average. What cannot be replayed exactly (the evaluator restarted,
 so its envs start over) is recorded as `exact_until_pass`, not hidden.
 
+A run without `--reproducible` is unchanged: its evaluation requests share the batcher
+and act with the weights current when they are served. A reproducible run refuses an
+evaluator on a clock (`eval_interval_s`: it would idle while training waits for it) and
+a half-batch engine for its envs (a call holds every evaluator env).
+
 Numpy and the standard library only: the server imports it; the central node gives the
 TensorFlow side (`capture`, `load`).
 """
