@@ -55,6 +55,8 @@ class BuiltPool(NamedTuple):
   directory: str  # holds job.pkl, process_entry.py and the copied code
   command: List[str]
   replicas: int
+  container: object = None  # Launchpad's xm.PythonContainer (what a real job submits)
+  requirements: object = None  # its xm.JobRequirements
 
 
 def program_stopper() -> Callable[[], None]:
@@ -114,9 +116,11 @@ def build_pools(program, pools: Dict[str, List[str]], resources) -> List[BuiltPo
       nodes.append(program.groups[label][int(index)])
     for instance, node in enumerate(nodes):
       node.bind_addresses(cluster=pool, instance=instance)
-    [(container, _)] = nodes[0].to_executables(nodes, pool, nodes[0].launch_context)
+    [(container, requirements)] = nodes[0].to_executables(nodes, pool,
+                                                          nodes[0].launch_context)
     command = list(container.entrypoint.commands)[0].split()
-    built.append(BuiltPool(pool, container.path, command, len(nodes)))
+    built.append(BuiltPool(pool, container.path, command, len(nodes), container,
+                           requirements))
   # to_docker_executables draws temp dirs until one has no '_' and leaves the rejected
   # (empty) ones behind: remove those.
   # Only this user's: a shared temp dir holds other users' new dirs too.
@@ -174,12 +178,21 @@ def parse_replicas(text: str | None, replicas: Dict[str, int]) -> Set[Tuple[str,
 
 
 def cluster_spec(replicas: Dict[str, int],
-                 hosts: Dict[str, List[str]] | None = None) -> Dict[str, List[str]]:
-  """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them."""
+                 hosts: Dict[str, List[str]] | None = None,
+                 containers: bool = False) -> Dict[str, List[str]]:
+  """`{pool: ['host:port', ...]}`: loopback and free ports unless `hosts` gives them;
+  `containers`: each replica at an address of its own (127.0.1.k, `CONTAINER_NET`),
+  as each replica of a Vertex job is a container of its own."""
   if hosts is not None:
     return hosts
-  return {name: [f'127.0.0.1:{portpicker.pick_unused_port()}' for _ in range(count)]
+  k = iter(range(1, 255))
+  return {name: [f'{CONTAINER_NET + str(next(k)) if containers else "127.0.0.1"}:'
+                 f'{portpicker.pick_unused_port()}' for _ in range(count)]
           for name, count in replicas.items()}
+
+
+# The emulated containers' addresses (127.0.1.k) and their own loopbacks (127.0.2.k).
+CONTAINER_NET, CONTAINER_LOOPBACK = '127.0.1.', '127.0.2.'
 
 
 def default_log_dir(logdir: str) -> str:
@@ -334,7 +347,7 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
         log_dir: str | None = None, hosts: Dict[str, List[str]] | None = None,
         mine: Set[Tuple[str, int]] | None = None, launcher: str = 'emulation',
         network: str = 'isolated', tls_dir: str | None = None,
-        time_budget_s: float | None = None) -> int:
+        time_budget_s: float | None = None, job_store: str | None = None) -> int:
   """Builds the executables and runs this host's replicas until the program ends.
 
   Args:
@@ -355,6 +368,10 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
       the run's own in `<logdir>/tls`, removed when the run ends.
     time_budget_s: the run's time budget (`ProgramConfig.time_budget`): how long the
       run's credentials must last.
+    job_store: a Vertex job's way (`seedacme.wire.replica_guard`): each replica is an
+      emulated container (an address and a loopback of its own) whose entrypoint is
+      the replica guard, authenticated with the job's credentials in this store
+      (`tls_tunnel.issue_slot_credentials`, done by the caller), removed at the end.
 
   Returns:
     0 when every replica exited 0, else 1.
@@ -363,9 +380,15 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   every = parse_replicas(None, counts)
   mine = every if mine is None else mine
   built = build_pools(program, pools, resources)
-  spec = cluster_spec(counts, hosts)
+  spec = cluster_spec(counts, hosts, containers=job_store is not None)
   tunnel, seen, ended = None, spec, lambda: None
-  if network in ('isolated', 'loopback'):
+  if job_store is not None:
+    from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
+    print(f'{launcher}: every replica an emulated container (its own address and '
+          'loopback) behind the replica guard: servers on its loopback, mutual TLS on '
+          f'its address (the job\'s credentials: {job_store})', flush=True)
+    ended = functools.partial(tls_tunnel.remove_slot_credentials, job_store)
+  elif network in ('isolated', 'loopback'):
     from seedacme.runtime import isolation  # pylint: disable=g-import-not-at-top
     from seedacme.wire import tls_tunnel  # pylint: disable=g-import-not-at-top
     # The strongest mechanism this host offers (issue 64): a private namespace, else
@@ -390,12 +413,18 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   signal.signal(signal.SIGINT, replicas.request_stop)
   forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in PACKAGES)
   log_dir = log_dir or default_log_dir(logdir)
+  k = iter(range(1, 255))
   for pool in built:
     for index in range(pool.replicas):
       if (pool.name, index) in mine:
-        replicas.start(pool.name, pool.directory, pool.command, index, seen, forbidden,
-                       log_dir, tunnel.prefix() if tunnel else (),
-                       tunnel.env(os.environ) if tunnel else None)
+        command, environ = pool.command, tunnel.env(os.environ) if tunnel else None
+        if job_store is not None:  # the container's entrypoint, as vertex.py submits it
+          from seedacme.wire import replica_guard  # pylint: disable=g-import-not-at-top
+          command = replica_guard.entrypoint(command)
+          environ = dict(os.environ, **{
+              replica_guard.LOOPBACK_ENV: CONTAINER_LOOPBACK + str(next(k))})
+        replicas.start(pool.name, pool.directory, command, index, seen, forbidden,
+                       log_dir, tunnel.prefix() if tunnel else (), environ)
   print(f'{launcher}: {len(replicas.procs)} of {len(every)} replicas in {len(built)} pools '
         f'({", ".join(f"{b.name} x {b.replicas}" for b in built)}) on this host; '
         f'logs in {log_dir}', flush=True)

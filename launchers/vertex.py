@@ -17,6 +17,16 @@ validates it and prints it. Without `--dry_run` it also checks the GCP setup
 executables and runs every replica on this host instead (`launchers/emulation.py`): the
 Vertex path tested without a cloud. Machines of your own have their own entry point,
 `launchers/cluster.py`, which runs on the same emulation.
+
+Authenticated by default (issue 64): a container cannot make a network namespace, so
+every replica's entrypoint is `seedacme.wire.replica_guard` in front of Launchpad's:
+Courier and Reverb on the container's loopback (the loopback interposer), the run's
+mutual-TLS endpoint on the replica's address. The credentials are issued here at
+submission -- a CA in memory, its key never written, one leaf per replica slot -- into
+a store the job's replicas read (`--credentials`: default
+gs://$GOOGLE_CLOUD_BUCKET_NAME/seedacme-credentials/<job>/, readable by who can read that
+bucket; the emulation: a private directory in the logdir), and removed when the run
+ends. `--network host` is the opt-out: no guard, the VPC as the only boundary.
 """
 
 import argparse
@@ -25,6 +35,7 @@ import collections
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -97,9 +108,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='0: sized from the replay table (see replay_memory_gb())')
   p.add_argument('--json', action='store_true', help='print the plan as JSON')
   p.add_argument('--network', choices=('isolated', 'host'), default='isolated',
-                 help="isolated (default): refuse a real job, whose replicas would talk "
-                 "unauthenticated Courier and Reverb over the job's VPC network; host: "
-                 'launch it so, with the VPC as the only boundary (see VPC_EXPOSURE)')
+                 help='isolated (default): every replica behind the replica guard '
+                 '(servers on its loopback, mutual TLS on its address); host: no guard, '
+                 "Courier and Reverb unauthenticated on the job's VPC (see VPC_EXPOSURE)")
+  p.add_argument('--credentials', default=None,
+                 help='where the job\'s credentials go at submission (a gs:// prefix its '
+                 'replicas can read; default gs://$GOOGLE_CLOUD_BUCKET_NAME/'
+                 'seedacme-credentials/<job>); --emulate: <logdir>/tls/job-<id>')
   p.add_argument('--emulate', action='store_true',
                  help='build the real Vertex executables and run every replica as a local '
                  'process from its copied code, with a loopback CLUSTER_SPEC '
@@ -118,23 +133,11 @@ MOVED_TO_CLUSTER = ('vertex: --cluster_spec and --replicas (a run across your ow
                     '--dry_run); `vertex --emulate` alone runs every replica on this host')
 
 
-# A real job's replicas are containers on the job's VPC network. The TLS endpoint that
-# guards a cluster run (`launchers/cluster.py`: each host's servers in a private network
-# namespace, mutual TLS in front) needs that namespace, and Launchpad's Vertex images
-# run its own entrypoint, unprivileged: no namespace, no sidecar. So a real job is
-# refused unless the user names the exposure (issue 47: refuse with the reason).
+# What `--network host` leaves open: said when it is asked for.
 VPC_EXPOSURE = (
-    "a Vertex AI job's replicas would serve Courier and Reverb unauthenticated on the "
-    "job's VPC network: anything that reaches a replica's port there can send inference "
-    'requests and reports, and read, write or reset the replay')
-# Why, and what to do instead: said with the refusal only.
-VPC_REFUSAL = (
-    f"{VPC_EXPOSURE} (no TLS endpoint runs in Launchpad's Vertex containers: it needs a "
-    'private network namespace they cannot make). Pass --network host to launch it so, '
-    'with the VPC (its firewall rules and who else runs there) as the boundary; or run '
-    'on machines of your own with `python -m seedacme.launchers.cluster` (or '
-    'launchers/slurm), which put mutual TLS between hosts; `--dry_run` and `--emulate` '
-    'need neither')
+    "the job's replicas serve Courier and Reverb unauthenticated on the job's VPC "
+    "network: anything that reaches a replica's port there can send inference requests "
+    'and reports, and read, write or reset the replay')
 
 
 def replay_memory_gb(builder, spec: envs.EnvSpec) -> int:
@@ -337,11 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.cluster_spec or args.replicas:
     print(MOVED_TO_CLUSTER, file=sys.stderr)
     return 2
-  if not (args.dry_run or args.emulate):
-    if args.network != 'host':
-      print(f'vertex: refused: {VPC_REFUSAL}', file=sys.stderr)
-      return 2
+  if args.network == 'host' and not args.dry_run:
     print(f'vertex: --network host: {VPC_EXPOSURE}', file=sys.stderr)
+  if args.emulate and args.network != 'host' and args.transport == 'auto':
+    # Each replica is a machine of its own on Vertex: shared memory is never offered
+    # between them. The emulated containers share a kernel, so say it here.
+    args.transport = 'courier'
+    print('vertex --emulate: --transport courier (replicas are separate machines)')
   import launchpad as lp  # pylint: disable=g-import-not-at-top
   from seedacme.nodes import program as program_lib  # pylint: disable=g-import-not-at-top
 
@@ -396,14 +401,83 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
       print(f'vertex: {problem}', file=sys.stderr)
       return 2
+    store = None
+    if args.network != 'host':
+      store = args.credentials or os.path.join(
+          owned_paths.private_dir(os.path.join(logdir, 'tls'), 'TLS directory'),
+          f'job-{secrets.token_hex(6)}')
+      problem = issue_job_credentials(pools, store, program.name, config.time_budget,
+                                      code_directory)
+      if problem:
+        print(f'vertex: {problem}', file=sys.stderr)
+        return 2
     return emulation.run(program, {p.name: p.nodes for p in pools}, xm_resources(pools),
-                         logdir, args.emulate_logs, launcher='vertex --emulate')
+                         logdir, args.emulate_logs, launcher='vertex --emulate',
+                         network='host' if store is None else 'isolated', job_store=store)
   problems = check_cloud_setup()
   if problems:
     print('vertex: cannot launch:\n  ' + '\n  '.join(problems), file=sys.stderr)
     return 2
-  lp.launch(program, launch_type=launch_type, xm_resources=xm_resources(pools))
+  if args.network == 'host':
+    lp.launch(program, launch_type=launch_type, xm_resources=xm_resources(pools))
+    return 0
+  store = args.credentials or (f'gs://{bucket}/seedacme-credentials/'
+                               f'{program.name}-{secrets.token_hex(6)}')
+  problem = issue_job_credentials(pools, store, program.name, config.time_budget,
+                                  code_directory)
+  if problem:
+    print(f'vertex: {problem}', file=sys.stderr)
+    return 2
+  submit_guarded(program, pools, xm_resources(pools))
+  print(f'vertex: every replica behind the replica guard; the job\'s credentials in '
+        f'{store} (removed by the central node\'s replica when the run ends)')
   return 0
+
+
+def central_slot(pools: List[WorkerPool]) -> str:
+  """The worker pool slot ('workerpool0/0') that runs the central node (learner/0)."""
+  for pool in pools:
+    if 'learner/0' in pool.nodes:
+      return f'{pool.name}/{pool.nodes.index("learner/0")}'
+  raise ValueError('no pool runs learner/0')
+
+
+def issue_job_credentials(pools: List[WorkerPool], store: str, run_name: str,
+                          budget_s: float | None, code_directory: str) -> str | None:
+  """The job's credentials into `store` and its manifest into the staged code (what
+  every replica's guard reads); why not, or None."""
+  from seedacme.wire import replica_guard, tls_tunnel  # pylint: disable=g-import-not-at-top
+  try:
+    tls_tunnel.issue_slot_credentials(store, {p.name: p.replicas for p in pools}, run_name,
+                                      budget_s)
+  except (tls_tunnel.TunnelError, OSError) as e:
+    return f'cannot issue the job\'s credentials into {store}: {e}'
+  replica_guard.write_manifest(code_directory, store, run_name, central_slot(pools),
+                               budget_s)
+  return None
+
+
+def submit_guarded(program, pools: List[WorkerPool], resources) -> None:
+  """Submits the job as Launchpad's vertex_ai launch does (the same pools, images and
+  addresses: `emulation.build_pools`), each container's entrypoint with the replica
+  guard in front (`replica_guard.entrypoint`)."""
+  from xmanager import xm  # pylint: disable=g-import-not-at-top
+  from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  from seedacme.wire import replica_guard  # pylint: disable=g-import-not-at-top
+  built = emulation.build_pools(program, {p.name: p.nodes for p in pools}, resources)
+  with xm_local.create_experiment(experiment_title=program.name) as experiment:
+    jobs = {}
+    for i, pool in enumerate(built):
+      c = pool.container
+      guarded = xm.PythonContainer(
+          entrypoint=xm.CommandList([' '.join(replica_guard.entrypoint(pool.command))]),
+          path=c.path, base_image=c.base_image, docker_instructions=c.docker_instructions,
+          use_deep_module=c.use_deep_module)
+      [executable] = experiment.package([xm.Packageable(
+          executable_spec=guarded, executor_spec=xm_local.Caip.Spec())])
+      jobs[str(i + 1)] = xm.Job(executable=executable,
+                                executor=xm_local.Caip(requirements=pool.requirements))
+    experiment.add(xm.JobGroup(**jobs))
 
 
 if __name__ == '__main__':

@@ -104,6 +104,9 @@ def namespace_problem() -> str | None:
 
 
 LIBRARY_ENV = 'SEEDACME_LOOPBACK_LIBRARY'
+# Another 127/8 address for the wildcard binds (default 127.0.0.1): the Vertex emulation's
+# containers each have one (launchers/vertex.py).
+ADDRESS_ENV = 'SEEDACME_LOOPBACK_ADDRESS'
 
 
 def library_path() -> str:
@@ -329,7 +332,10 @@ def peer_uid(sock) -> int | None:
   connecting socket's row of /proc/self/net/tcp{,6}, ends swapped); None when not
   found (the peer closed, or it is not on this host). What the interposer does in C
   for the replicas, for a Python listener on loopback (the TLS relay's aliases)."""
-  peer, here = sock.getpeername(), sock.getsockname()
+  try:
+    peer, here = sock.getpeername(), sock.getsockname()
+  except OSError:  # closed already
+    return None
   want = ((_canonical(peer[0]), peer[1]), (_canonical(here[0]), here[1]))
   for name in ('tcp', 'tcp6'):
     try:

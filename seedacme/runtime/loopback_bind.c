@@ -7,7 +7,9 @@
  * for [::]:port in their C++ with no way to pass an address; every such bind() goes
  * through libc, so it arrives here:
  *
- *  - AF_INET 0.0.0.0 becomes 127.0.0.1.
+ *  - AF_INET 0.0.0.0 becomes 127.0.0.1 (or SEEDACME_LOOPBACK_ADDRESS, another 127/8
+ *    address: the Vertex emulation gives each emulated container a loopback of its own,
+ *    as each real container has; launchers/vertex.py).
  *  - AF_INET6 :: (and ::ffff:0.0.0.0) becomes the IPv4-mapped ::ffff:127.0.0.1 with
  *    IPV6_V6ONLY turned off, not ::1: /etc/hosts often maps `localhost` to 127.0.0.1
  *    only, and a client dialling localhost:port must reach it. A socket the caller has
@@ -78,6 +80,7 @@ static listen_fn real_listen;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
 static int refused_once, verbose;
+static uint32_t loopback = INADDR_LOOPBACK;  /* host order: where wildcard binds go */
 unsigned long seedacme_loopback_refusals;  /* connections refused so far, exported */
 static long long said_at_ms = -1000000;
 
@@ -88,6 +91,10 @@ __attribute__((constructor)) static void resolve(void) {
   real_accept4 = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
   const char *v = getenv("SEEDACME_LOOPBACK_BIND_VERBOSE");
   verbose = v && *v && strcmp(v, "0") != 0;
+  struct in_addr a;
+  const char *to = getenv("SEEDACME_LOOPBACK_ADDRESS");
+  if (to && *to && inet_pton(AF_INET, to, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127)
+    loopback = ntohl(a.s_addr);
 }
 
 static void say(const char *what, const struct sockaddr *sa) {
@@ -112,8 +119,8 @@ int bind(int fd, const struct sockaddr *sa, socklen_t len) {
     struct sockaddr_in in = *(const struct sockaddr_in *)sa;
     uint32_t host = ntohl(in.sin_addr.s_addr);
     if (host == INADDR_ANY) {
-      in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (verbose) say("moved to 127.0.0.1: bind to", sa);
+      in.sin_addr.s_addr = htonl(loopback);
+      if (verbose) say("moved to loopback: bind to", sa);
       return real_bind(fd, (const struct sockaddr *)&in, sizeof in);
     }
     if ((host >> 24) != 127) goto refuse;
@@ -131,7 +138,7 @@ int bind(int fd, const struct sockaddr *sa, socklen_t len) {
         if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) return -1;
         memset(&in6.sin6_addr, 0, sizeof in6.sin6_addr);
         in6.sin6_addr.s6_addr[10] = in6.sin6_addr.s6_addr[11] = 0xff;
-        in6.sin6_addr.s6_addr32[3] = htonl(INADDR_LOOPBACK);
+        in6.sin6_addr.s6_addr32[3] = htonl(loopback);
       }
       if (verbose) say("moved to loopback: bind to", sa);
       return real_bind(fd, (const struct sockaddr *)&in6, sizeof in6);

@@ -244,8 +244,6 @@ def _new_leaf(ca_key, ca_cert, host: str, run_name: str, lifetime_s: float
   name (DNS SAN) and every address it resolves to here (IP SANs: the endpoint checks a
   peer's source against them). Lives `lifetime_s`, and no longer than its CA."""
   from cryptography import x509  # pylint: disable=g-import-not-at-top
-  from cryptography.hazmat.primitives import hashes  # pylint: disable=g-import-not-at-top
-  from cryptography.x509.oid import ExtendedKeyUsageOID  # pylint: disable=g-import-not-at-top
   if _is_ip(host):
     alt = [x509.IPAddress(_ip(host))]
   else:
@@ -255,10 +253,18 @@ def _new_leaf(ca_key, ca_cert, host: str, run_name: str, lifetime_s: float
                         'certificate must name its addresses (every host of the run must '
                         'resolve the spec\'s names)')
     alt = [x509.DNSName(host), *(x509.IPAddress(_ip(a)) for a in addresses)]
+  return _sign_leaf(ca_key, ca_cert, alt, f'seedacme {run_name} {host}', lifetime_s)
+
+
+def _sign_leaf(ca_key, ca_cert, alt, subject: str, lifetime_s: float) -> Tuple[bytes, bytes]:
+  """A new key and its certificate from the CA: `alt` as SANs, for server and client."""
+  from cryptography import x509  # pylint: disable=g-import-not-at-top
+  from cryptography.hazmat.primitives import hashes  # pylint: disable=g-import-not-at-top
+  from cryptography.x509.oid import ExtendedKeyUsageOID  # pylint: disable=g-import-not-at-top
   key = _new_key()
   now = datetime.datetime.now(datetime.timezone.utc)
   ends = min(now + datetime.timedelta(seconds=lifetime_s), ca_cert.not_valid_after_utc)
-  cert = (x509.CertificateBuilder().subject_name(_name(f'seedacme {run_name} {host}'))
+  cert = (x509.CertificateBuilder().subject_name(_name(subject))
           .issuer_name(ca_cert.subject).public_key(key.public_key())
           .serial_number(x509.random_serial_number())
           .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -477,6 +483,97 @@ def remove_run_credentials(tls_root: str, hosts: Sequence[str]) -> bool:
   return True
 
 
+# A job's credentials (a Vertex job: `seedacme.wire.replica_guard`): issued at submission
+# by the launcher, one leaf per replica slot (`slot_name`), in a store the job's replicas
+# read and no one else should: `<store>/ca.pem`, `<store>/<pool>-<index>.{cert,key}.pem`.
+# A store is a local directory (0700, files 0600: the emulation) or a gs:// prefix
+# (readable by who can read that bucket: the job's service account, and the user).
+
+
+def _store_write(path: str, data: bytes) -> None:
+  if '://' in path:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.gfile.GFile(path, 'wb') as f:
+      f.write(data)
+  else:
+    _write(path, data)
+
+
+def _store_read(path: str) -> bytes:
+  if '://' in path:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      return f.read()
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def issue_slot_credentials(store: str, replicas: Dict[str, int], run_name: str,
+                           needed_s: float | None = None) -> None:
+  """The job's CA (in memory; its key is never written) and a leaf per replica slot
+  (`replicas`: pool -> count) into `store`, which must not exist yet (a local one is
+  made 0700). Leaves live the run's time budget (`needed_s`) plus `MARGIN_S`."""
+  lifetime = _lifetime(needed_s)
+  ca_key, ca_cert = _new_ca(run_name, lifetime)
+  if '://' not in store:
+    try:
+      os.mkdir(store, 0o700)
+    except FileExistsError:
+      raise TunnelError(f'the job\'s credential store {store} exists already') from None
+  _store_write(f'{store}/{CA_CERT}', _pem_cert(ca_cert))
+  for pool, count in replicas.items():
+    for index in range(count):
+      key_pem, cert_pem = _new_slot_leaf(ca_key, ca_cert, slot_name(pool, index),
+                                         run_name, lifetime)
+      _store_write(f'{store}/{pool}-{index}.{KEY}', key_pem)
+      _store_write(f'{store}/{pool}-{index}.{CERT}', cert_pem)
+
+
+def fetch_slot_credentials(store: str, pool: str, index: int, work_dir: str
+                           ) -> 'Credentials':
+  """This replica's credentials from the job's `store`, into `work_dir` (private). A
+  local store must be this user's alone (`_tree_problem`)."""
+  problem = None if '://' in store else _tree_problem(store)
+  if problem:
+    raise TunnelError(f'replica {pool}/{index} cannot use the job\'s credentials: {problem}')
+  made = []
+  for name in (CA_CERT, f'{pool}-{index}.{CERT}', f'{pool}-{index}.{KEY}'):
+    try:
+      data = _store_read(f'{store}/{name}')
+    except (OSError, TunnelError) as e:
+      raise TunnelError(f'replica {pool}/{index} cannot read its credentials '
+                        f'{store}/{name}: {e}') from None
+    except Exception as e:  # pylint: disable=broad-except  (tf.errors from a bucket)
+      raise TunnelError(f'replica {pool}/{index} cannot read its credentials '
+                        f'{store}/{name}: {type(e).__name__}: {e}') from None
+    made.append(os.path.join(work_dir, name.split('.', 1)[-1] if name != CA_CERT
+                             else CA_CERT))
+    _write(made[-1], data)
+  return Credentials(*made)
+
+
+def remove_slot_credentials(store: str) -> bool:
+  """Removes the job's store (the run ended); whether there was one."""
+  if '://' in store:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not tf.io.gfile.exists(store):
+      return False
+    tf.io.gfile.rmtree(store)
+    return True
+  if not os.path.isdir(store):
+    return False
+  shutil.rmtree(store, ignore_errors=True)
+  return True
+
+
+def _new_slot_leaf(ca_key, ca_cert, name: str, run_name: str, lifetime_s: float
+                   ) -> Tuple[bytes, bytes]:
+  """(key PEM, certificate PEM) naming one replica slot (a DNS SAN, no address)."""
+  from cryptography import x509  # pylint: disable=g-import-not-at-top
+  return _sign_leaf(ca_key, ca_cert, [x509.DNSName(name)], f'seedacme {run_name} {name}',
+                    lifetime_s)
+
+
 class Credentials(NamedTuple):
   ca: str    # the run's CA certificate: the only trust root
   cert: str  # this host's certificate
@@ -560,10 +657,19 @@ def contexts(creds: Credentials) -> Tuple[ssl.SSLContext, ssl.SSLContext]:
 
 class Plan(NamedTuple):
   """What one host's tunnel does: `inbound` (own replica ports, bound on `address`),
-  `outbound` (alias port in the namespace -> remote host, port)."""
+  `outbound` (alias port in the namespace -> remote host, port).
+
+  With replica identities (`slot_plan`: a Vertex job, whose hosts are named only once
+  it runs), `slots` maps each replica's certificate name (`slot_name`) to its spec host,
+  and `server_names` an alias port to the name the remote's certificate must carry;
+  `loopback` is where this host's replicas listen (127.0.0.1 but in the Vertex
+  emulation, which gives each emulated container an address of its own)."""
   address: str
   inbound: List[int]
   outbound: Dict[int, Tuple[str, int]]
+  slots: Dict[str, str] = {}
+  server_names: Dict[int, str] = {}
+  loopback: str = '127.0.0.1'
 
 
 def _split(address: str) -> Tuple[str, int]:
@@ -571,10 +677,10 @@ def _split(address: str) -> Tuple[str, int]:
   return host.strip('[]'), int(port)
 
 
-def plan(spec: Dict[str, List[str]], mine: Sequence[Tuple[str, int]]
-         ) -> Tuple[Plan, Dict[str, List[str]]]:
+def plan(spec: Dict[str, List[str]], mine: Sequence[Tuple[str, int]],
+         loopback: str = '127.0.0.1') -> Tuple[Plan, Dict[str, List[str]]]:
   """This host's `Plan` and the cluster spec its replicas see (own replicas on
-  127.0.0.1 at their ports; others at alias ports). Raises TunnelError when this
+  `loopback` at their ports; others at alias ports). Raises TunnelError when this
   host's replicas name more than one address."""
   own = {_split(spec[pool][i]) for pool, i in mine}
   hosts = {h for h, _ in own}
@@ -592,7 +698,7 @@ def plan(spec: Dict[str, List[str]], mine: Sequence[Tuple[str, int]]
     for i, entry in enumerate(addresses):
       host, port = _split(entry)
       if (pool, i) in mine or (host == address and port in own_ports):
-        local[pool].append(f'127.0.0.1:{port}')
+        local[pool].append(f'{loopback}:{port}')
         continue
       if (host, port) not in by_remote:
         alias = port
@@ -601,26 +707,55 @@ def plan(spec: Dict[str, List[str]], mine: Sequence[Tuple[str, int]]
         used.add(alias)
         by_remote[(host, port)] = alias
         outbound[alias] = (host, port)
-      local[pool].append(f'127.0.0.1:{by_remote[(host, port)]}')
-  return Plan(address, sorted(own_ports), outbound), local
+      local[pool].append(f'{loopback}:{by_remote[(host, port)]}')
+  return Plan(address, sorted(own_ports), outbound, loopback=loopback), local
+
+
+SLOT_DOMAIN = 'replica.seedacme.invalid'  # never resolves: a name, not an address
+
+
+def slot_name(pool: str, index: int) -> str:
+  """The certificate name of replica `index` of `pool` (a Vertex job's identity: its
+  hosts are named only at run time, so leaves issued at submission name the slot)."""
+  return f'{pool}-{index}.{SLOT_DOMAIN}'
+
+
+def slot_plan(spec: Dict[str, List[str]], me: Tuple[str, int],
+              loopback: str = '127.0.0.1') -> Tuple[Plan, Dict[str, List[str]]]:
+  """`plan` for one replica of a job whose leaves name slots (`issue_slot_credentials`):
+  the remote certificate a dial expects is the remote replica's slot, and a peer's
+  slot is checked against the addresses its spec host resolves to (`address_problem`).
+  Raises TunnelError when two replicas share an address and port."""
+  base, local = plan(spec, [me], loopback)
+  slots, at = {}, {}
+  for pool, addresses in spec.items():
+    for i, entry in enumerate(addresses):
+      host, port = _split(entry)
+      if (host, port) in at:
+        raise TunnelError(f'the cluster spec gives {entry} to {at[(host, port)]} and '
+                          f'{pool}/{i}')
+      at[(host, port)] = f'{pool}/{i}'
+      slots[slot_name(pool, i)] = host
+  names = {alias: slot_name(*at[remote].split('/')) for alias, remote in base.outbound.items()}
+  return base._replace(slots=slots, server_names=names), local
 
 
 # ---------------------------------------------------------------------------------------
 # The keeper: lives in the private namespace, makes sockets there on request
 
 
-def _loopback_socket(verb: str, port: int) -> socket.socket:
-  """A socket on 127.0.0.1 of this process's namespace: listening on `port`
-  ('listen') or connected to it (otherwise, within 5 s)."""
+def _loopback_socket(verb: str, port: int, address: str = '127.0.0.1') -> socket.socket:
+  """A socket on `address` (loopback) of this process's namespace: listening on
+  `port` ('listen') or connected to it (otherwise, within 5 s)."""
   sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   try:
     if verb == 'listen':
       sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      sock.bind(('127.0.0.1', port))
+      sock.bind((address, port))
       sock.listen(128)
     else:
       sock.settimeout(5)
-      sock.connect(('127.0.0.1', port))
+      sock.connect((address, port))
       sock.settimeout(None)
   except OSError:
     sock.close()
@@ -659,11 +794,14 @@ class _LoopbackKeeper:
   uid (`_serve`'s outbound handler)."""
   shared_loopback = True
 
+  def __init__(self, address: str = '127.0.0.1'):
+    self.address = address
+
   def socket(self, verb: str, port: int) -> socket.socket:
     try:
-      return _loopback_socket(verb, port)
+      return _loopback_socket(verb, port, self.address)
     except OSError as e:
-      raise OSError(f'{verb} 127.0.0.1:{port} on loopback: {e.strerror or e}') from e
+      raise OSError(f'{verb} {self.address}:{port} on loopback: {e.strerror or e}') from e
 
 
 class _Keeper:
@@ -750,7 +888,7 @@ def _say(line: str, key: str | None = None) -> None:
 # the run's CA), anything else that broke the handshake (junk, a reset), or a leaf of
 # the run used from an address it does not name (`address_problem`).
 REFUSALS = ('over_total', 'over_source', 'over_rate', 'handshake_timeout',
-            'bad_certificate', 'handshake_failed', 'address_mismatch')
+            'bad_certificate', 'handshake_failed', 'address_mismatch', 'local_uid')
 
 
 class Counters:
@@ -1222,7 +1360,8 @@ def _resolve_recent(name: str) -> List[str]:
   return hit[1]
 
 
-def address_problem(peer: str, cert: Dict) -> str | None:
+def address_problem(peer: str, cert: Dict, slots: Dict[str, str] | None = None
+                    ) -> str | None:
   """Why a peer of the run is refused anyway: it connects from an address its
   certificate does not name (a leaf copied to another machine). None: it names it.
 
@@ -1230,9 +1369,18 @@ def address_problem(peer: str, cert: Dict) -> str | None:
   issued) is checked against them; one with DNS names only (a user's own `--tls_dir`
   leaf) against what they resolve to now (a lookup that blocks, remembered a minute,
   and only for a peer that showed a certificate of the run); one naming neither is
-  refused.
+  refused. `slots` (a job's replica names -> their spec hosts, `slot_plan`): a slot
+  name is checked against what its host resolves to now, and a certificate naming a
+  slot of another job (not in `slots`) is refused.
   """
   ips, names = _sans(cert)
+  if slots is not None and any(n.endswith('.' + SLOT_DOMAIN) for n in names):
+    if ips or len(names) != 1 or names[0] not in slots:
+      return f'its certificate names {", ".join(names)}: no replica of this job'
+    host = slots[names[0]]
+    names = [host]
+    if _is_ip(host):
+      ips, names = [host], []
   try:
     source = _ip(peer)
   except ValueError:
@@ -1274,7 +1422,8 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
       here = await _handshake(conn, server_ctx, deadline_s)
       # Off the loop: with DNS names only, the check may resolve them (blocking).
       problem = await loop.run_in_executor(
-          None, address_problem, peer, here[1].get_extra_info('peercert') or {})
+          None, address_problem, peer, here[1].get_extra_info('peercert') or {},
+          plan_.slots or None)
       if problem:
         reason = 'address_mismatch'
     except asyncio.TimeoutError:
@@ -1306,22 +1455,27 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
     tasks.add(task)  # the loop keeps only a weak reference
     task.add_done_callback(tasks.discard)
 
-  def outbound(host, port):
+  def outbound(host, port, alias):
     async def handle(reader, writer):
       if getattr(keeper, 'shared_loopback', False):
         # The aliases listen on the host's loopback (no namespace here): only this
         # uid's processes (the replicas) may go through this host's certificate.
         sock = writer.get_extra_info('socket')
         uid = await loop.run_in_executor(None, isolation.peer_uid, sock)
+        if uid is None:  # gone before it was looked up (a port probe): nothing to relay
+          writer.transport.abort()
+          return
         if uid != os.geteuid():
-          counters.refuse('refused_local_uid')
+          counters.refuse('local_uid')
           _say(f'refused uid {uid} on alias port {sock.getsockname()[1]} (loopback: '
                'only this uid\'s replicas dial through the endpoint)', key='local_uid')
           writer.transport.abort()
           return
       try:
         there = await asyncio.wait_for(asyncio.open_connection(
-            host, port, ssl=client_ctx, server_hostname=host,
+            host, port, ssl=client_ctx,
+            # the dialled host, or with a job's identities the remote replica's slot
+            server_hostname=plan_.server_names.get(alias, host),
             local_addr=(plan_.address, 0),  # the address its certificate names
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S), HANDSHAKE_TIMEOUT_S + 5)
       except (OSError, asyncio.TimeoutError, ssl.SSLError):
@@ -1341,7 +1495,7 @@ async def _serve(plan_: Plan, keeper: _Keeper, server_ctx: ssl.SSLContext,
     acceptor.start()
     for alias, (host, port) in plan_.outbound.items():
       listener = await loop.run_in_executor(None, keeper.socket, 'listen', alias)
-      servers.append(await asyncio.start_server(outbound(host, port), sock=listener))
+      servers.append(await asyncio.start_server(outbound(host, port, alias), sock=listener))
     ready()
     await asyncio.Event().wait()  # until cancelled
   finally:
@@ -1375,7 +1529,7 @@ class Tunnel:
     self._thread = None
     self._keeper = None
     if mechanism == 'loopback':
-      self.keeper = _LoopbackKeeper()
+      self.keeper = _LoopbackKeeper(plan_.loopback if plan_ is not None else '127.0.0.1')
     else:
       ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
       # The keeper: unshare makes the namespace, `ip` brings lo up, Python serves fds.
@@ -1408,8 +1562,14 @@ class Tunnel:
             '--']
 
   def env(self, base: Dict[str, str]) -> Dict[str, str]:
-    """The environment a replica runs with: on loopback, the interposer preloaded."""
-    return isolation.loopback_env(base) if self.mechanism == 'loopback' else dict(base)
+    """The environment a replica runs with: on loopback, the interposer preloaded (its
+    wildcard binds moved to the plan's loopback address)."""
+    if self.mechanism != 'loopback':
+      return dict(base)
+    env = isolation.loopback_env(base)
+    if self.plan is not None and self.plan.loopback != '127.0.0.1':
+      env[isolation.ADDRESS_ENV] = self.plan.loopback
+    return env
 
   def _start_relay(self, creds: Credentials) -> None:
     server_ctx, client_ctx = contexts(creds)

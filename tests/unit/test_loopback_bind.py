@@ -699,3 +699,22 @@ def test_own_uid_and_unix_connections_pass_and_a_peer_gone_is_refused(library, t
   assert stderr.count('loopback_bind') == 1, stderr
   assert plain == {'own4': True, 'own6': True, 'gone': 'accepted', 'unix': True,
                    'refused': None}
+
+
+def test_wildcard_binds_go_to_the_loopback_address_named(library, tmp_path):
+  """SEEDACME_LOOPBACK_ADDRESS: the Vertex emulation's containers each get a loopback
+  of their own (launchers/vertex.py); not a 127/8 address: ignored, 127.0.0.1."""
+  code = ('import json, socket\n'
+          'v4 = socket.socket(); v4.bind(("0.0.0.0", 0))\n'
+          'v6 = socket.socket(socket.AF_INET6); v6.bind(("::", 0))\n'
+          'print(json.dumps([v4.getsockname()[0], v6.getsockname()[0]]))\n')
+  seen = {}
+  for address in ('127.0.2.7', '10.1.2.3'):
+    env = {**isolation.loopback_env(_python_env(tmp_path), library),
+           isolation.ADDRESS_ENV: address}
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen[address] = json.loads(done.stdout.strip().splitlines()[-1])
+  assert seen['127.0.2.7'] == ['127.0.2.7', '::ffff:127.0.2.7'], seen
+  assert seen['10.1.2.3'] == ['127.0.0.1', '::ffff:127.0.0.1'], seen

@@ -5,6 +5,7 @@ dry run (which replica starts where, checked against the cluster spec)."""
 import json
 import os
 import shutil
+import stat
 import tempfile
 
 import pytest
@@ -155,7 +156,7 @@ def test_launchpad_builds_the_gpu_pool_with_the_cuda_wheels(tmp_path, tmpdir_wit
   built = emulation.build_pools(program, {p.name: p.nodes for p in pools},
                                 vertex.xm_resources(pools))
   installs = {}
-  for (name, directory, _, _), pool in zip(built, pools):
+  for (name, directory, *_), pool in zip(built, pools):
     assert name == pool.name
     with open(os.path.join(directory, 'requirements.txt')) as f:
       installs[tuple(pool.groups())] = f.read()
@@ -239,24 +240,55 @@ def test_vertex_emulate_sends_a_cluster_spec_to_the_cluster_launcher(capsys):
   assert 'python -m seedacme.launchers.cluster' in capsys.readouterr().err
 
 
-def test_a_real_vertex_job_is_refused_unless_the_user_names_the_vpc_exposure(
-    capsys, monkeypatch):
-  """No TLS endpoint runs in Launchpad's Vertex containers (issue 47): a real launch
-  says why and stops before any cloud call; --network host goes on to the cloud checks,
-  saying what is exposed; a dry run and --emulate need no flag (test_vertex_emulation)."""
-  monkeypatch.setattr(vertex, 'check_cloud_setup', lambda: ['no credentials here'])
-  monkeypatch.setattr(vertex, 'stage_code_directory', lambda: vertex.REPO_ROOT)
-  monkeypatch.setattr(vertex, 'temp_dir_error', lambda: None)
-  assert vertex.main(['catch', 'vtrace', '2']) == 2
-  err = capsys.readouterr().err
-  assert err.startswith('vertex: refused: ') and 'unauthenticated' in err, err
-  assert '--network host' in err and 'launchers.cluster' in err
-  assert 'cannot launch' not in err  # refused before the cloud checks
+def test_a_real_vertex_job_puts_every_replica_behind_the_guard(tmp_path, capsys, monkeypatch):
+  """Issue 64: a real job is authenticated by default. What is submitted (xmanager's
+  experiment, recorded here in place of the cloud): every pool's container runs the
+  replica guard in front of Launchpad's entrypoint, its code holds the job's manifest
+  (no secret), and the store holds the CA and one 0600 leaf per replica slot.
+  `--network host` goes to Launchpad's own launch, saying what is exposed."""
+  pytest.importorskip('xmanager', reason='needs requirements/vertex.txt (xmanager 0.3.0)')
+  from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  import launchpad as lp  # pylint: disable=g-import-not-at-top
+  submitted = []
 
-  assert vertex.main(['catch', 'vtrace', '2', '--network', 'host']) == 2
-  err = capsys.readouterr().err
-  assert 'vertex: --network host: ' in err and 'refused' not in err, err
-  assert 'cannot launch:\n  no credentials here' in err
+  class Experiment:
+    def __enter__(self):
+      return self
 
-  code, plan = _dry_run_json(capsys, 'catch', 'vtrace', '2')
-  assert code == 0 and plan['valid']
+    def __exit__(self, *_):
+      return False
+
+    def package(self, packageables):
+      return [p.executable_spec for p in packageables]
+
+    def add(self, group):
+      submitted.append(group)
+
+  monkeypatch.setattr(vertex, 'check_cloud_setup', lambda: [])
+  monkeypatch.setattr(xm_local, 'create_experiment', lambda **_: Experiment())
+  store = tmp_path / 'store'
+  assert vertex.main(['catch', 'vtrace', '2', '--accelerator', 'none', '--credentials',
+                      str(store)]) == 0
+  out = capsys.readouterr().out
+  assert f'the job\'s credentials in {store}' in out, out
+  [group] = submitted
+  jobs = list(group.jobs.values())
+  assert len(jobs) == 3  # replay, learner, actors + evaluator
+  slots = set()
+  for i, job in enumerate(jobs):
+    [command] = job.executable.entrypoint.commands
+    assert command.startswith('python -m seedacme.wire.replica_guard -- python -m '
+                              'process_entry --data_file=job.pkl'), command
+    manifest = json.load(open(os.path.join(job.executable.path, 'seedacme-job.json')))
+    assert manifest['store'] == str(store) and manifest['central'] == 'workerpool1/0'
+    slots.update(f'workerpool{i}-{k}' for k in range(job.executor.requirements.replicas))
+  names = sorted(os.listdir(store))
+  assert names == sorted(['ca.pem'] + [f'{s}.{f}' for s in slots for f in ('cert.pem',
+                                                                         'key.pem')])
+  assert {stat.S_IMODE(os.stat(store / n).st_mode) for n in names} == {0o600}
+
+  launched = []
+  monkeypatch.setattr(lp, 'launch', lambda program, **kw: launched.append(program))
+  assert vertex.main(['catch', 'vtrace', '2', '--accelerator', 'none', '--network',
+                      'host']) == 0
+  assert 'vertex: --network host: ' in capsys.readouterr().err and len(launched) == 1
