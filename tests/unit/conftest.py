@@ -4,16 +4,14 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 import pytest
 import reverb
 
 from seedacme import envs
-from seedacme.actor.engines import BatchedEnv
 from seedacme.agents import vtrace
 from seedacme.config import ProgramConfig
 from seedacme.nodes.central import CentralNode
-from seedacme.wire.protocol import make_request
+from tests.unit.in_process import InProcessActor
 
 
 def _wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05) -> bool:
@@ -44,31 +42,6 @@ def _reverb_checkpoint_dirs_under_pytest(tmp_path_factory):
 def wait_until():
   """`wait_until(predicate, timeout_s=30, interval_s=0.05) -> bool`: polls a condition."""
   return _wait_until
-
-
-class InProcessActor(threading.Thread):
-  """An env-only actor calling the central node in-process."""
-
-  def __init__(self, central, factory, first_env_id, num_envs, stop):
-    super().__init__(daemon=True)
-    self.central, self.stop = central, stop
-    self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
-    self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
-    self.steps = 0
-    self.error = None
-
-  def run(self):
-    try:
-      ts = self.envs.reset()
-      while not self.stop.is_set():
-        reply = self.central.step(make_request(
-            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
-            ts.discount, ts.step_type))
-        ts = self.envs.step(reply['action'])
-        self.steps += 1
-    except Exception as e:  # noqa: BLE001
-      if not self.stop.is_set():
-        self.error = e
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pytest
 from seedacme.run.schedule import ClockClosedError, RoundSchedule
 from seedacme.serving.evaluation import EvalPasses, episodes_per_env
 from seedacme.types import FIRST, LAST, MID, Mode
+from tests.unit.in_process import InProcessActor
 
 T = 4  # unroll length: eval call c falls in round round_of(c): 0 for c <= 4, then c-1 // 4
 
@@ -210,32 +211,6 @@ def test_the_final_weights_get_a_pass_when_none_started_in_the_last_round():
 STEPS = 12  # learner steps (one per round: 16 unrolls of Catch per learner batch)
 
 
-class _Actor(threading.Thread):
-  """An env-only actor (training, or the evaluator with `mode=Mode.EVAL`) in this
-  process that stops at the run's end."""
-
-  def __init__(self, central, factory, first_env_id, num_envs, stop, mode=Mode.TRAIN):
-    super().__init__(daemon=True)
-    from seedacme.actor.engines import BatchedEnv  # pylint: disable=g-import-not-at-top
-    self.central, self.stop, self.mode = central, stop, mode
-    self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
-    self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
-    self.error = None
-
-  def run(self):
-    from seedacme.wire.protocol import make_request  # pylint: disable=g-import-not-at-top
-    try:
-      ts = self.envs.reset()
-      while not self.stop.is_set():
-        reply = self.central.step(make_request(
-            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
-            ts.discount, ts.step_type, self.mode))
-        if 'shutting_down' in reply:
-          return
-        ts = self.envs.step(reply['action'])
-    except Exception as e:  # noqa: BLE001
-      if not self.stop.is_set():
-        self.error = e
 
 
 def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0):
@@ -247,11 +222,11 @@ def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0):
   builder = vtrace.VTraceBuilder(registry.make_config('vtrace', 'catch', batch_size=16,
                                                       unroll_length=10, seed=3))
   central, _, actors, _ = make_central(
-      builder, 'catch', num_actors, envs_per_actor, actor=_Actor, reproducible=True,
+      builder, 'catch', num_actors, envs_per_actor, reproducible=True,
       max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3, num_eval_envs=4,
       eval_episodes=8)
-  evaluator = _Actor(central, envs.make_factory('catch'), 16, 4, actors[0].stop, Mode.EVAL)
+  evaluator = InProcessActor(central, envs.make_factory('catch'), 16, 4, actors[0].stop, Mode.EVAL)
   loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
            for _ in range(busy)]
   try:

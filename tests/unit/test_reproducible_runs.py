@@ -12,49 +12,21 @@ thread runs when). V-trace on Catch and PPO on CartPole, 20 learner steps each.
 import json
 import subprocess
 import sys
-import threading
 
-import numpy as np
 import pytest
 
-from seedacme.actor.engines import BatchedEnv
 from seedacme.agents import ppo, registry, vtrace
-from seedacme.wire.protocol import make_request
 
 STEPS = 20  # learner steps of every run (one round of 16 unrolls each: 21 records)
 
 
-class _Actor(threading.Thread):
-  """An env-only actor in this process (as conftest's `InProcessActor`) that stops at
-  the run's end: the round gate answers `shutting_down` once a budget is met."""
-
-  def __init__(self, central, factory, first_env_id, num_envs, stop):
-    super().__init__(daemon=True)
-    self.central, self.stop = central, stop
-    self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
-    self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
-    self.error = None
-
-  def run(self):
-    try:
-      ts = self.envs.reset()
-      while not self.stop.is_set():
-        reply = self.central.step(make_request(
-            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
-            ts.discount, ts.step_type))
-        if 'shutting_down' in reply:
-          return
-        ts = self.envs.step(reply['action'])
-    except Exception as e:  # noqa: BLE001
-      if not self.stop.is_set():
-        self.error = e
 
 
 def _run(make_central, tmp_path, builder_fn, env, num_actors, envs_per_actor, busy=0):
   """One reproducible run to `STEPS` learner steps: (round records, summary)."""
   logdir = tmp_path / f'{env}-{num_actors}x{envs_per_actor}-busy{busy}'
   central, _, actors, _ = make_central(
-      builder_fn(), env, num_actors, envs_per_actor, actor=_Actor, reproducible=True,
+      builder_fn(), env, num_actors, envs_per_actor, reproducible=True,
       max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3)
   loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])

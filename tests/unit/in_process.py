@@ -1,0 +1,39 @@
+"""An env-only actor that calls a central node in this process: what the in-process
+program tests (conftest's `make_central`, the reproducible-run tests) drive it with."""
+
+import threading
+
+import numpy as np
+
+from seedacme.actor.engines import BatchedEnv
+from seedacme.wire.protocol import make_request
+
+
+class InProcessActor(threading.Thread):
+  """An env-only actor (or with `mode=Mode.EVAL` an evaluator) calling the central node
+  in-process; it ends when told to stop or when the server says it is shutting down (a
+  reproducible run's budget met at a round's start)."""
+
+  def __init__(self, central, factory, first_env_id, num_envs, stop, mode=None):
+    super().__init__(daemon=True)
+    self.central, self.stop, self.mode = central, stop, mode
+    self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
+    self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
+    self.steps = 0
+    self.error = None
+
+  def run(self):
+    try:
+      ts = self.envs.reset()
+      while not self.stop.is_set():
+        mode = () if self.mode is None else (self.mode,)
+        reply = self.central.step(make_request(
+            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
+            ts.discount, ts.step_type, *mode))
+        if 'shutting_down' in reply:
+          return
+        ts = self.envs.step(reply['action'])
+        self.steps += 1
+    except Exception as e:  # noqa: BLE001
+      if not self.stop.is_set():
+        self.error = e
