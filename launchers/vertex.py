@@ -406,10 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       store = args.credentials or os.path.join(
           owned_paths.private_dir(os.path.join(logdir, 'tls'), 'TLS directory'),
           f'job-{secrets.token_hex(6)}')
-      problem = issue_job_credentials(pools, store, program.name, config.time_budget,
-                                      code_directory)
-      if problem:
-        print(f'vertex: {problem}', file=sys.stderr)
+      if not issue_job_credentials(pools, store, program.name, config.time_budget,
+                                   code_directory):
         return 2
     return emulation.run(program, {p.name: p.nodes for p in pools}, xm_resources(pools),
                          logdir, args.emulate_logs, launcher='vertex --emulate',
@@ -423,10 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   store = args.credentials or (f'gs://{bucket}/seedacme-credentials/'
                                f'{program.name}-{secrets.token_hex(6)}')
-  problem = issue_job_credentials(pools, store, program.name, config.time_budget,
-                                  code_directory)
-  if problem:
-    print(f'vertex: {problem}', file=sys.stderr)
+  if not issue_job_credentials(pools, store, program.name, config.time_budget,
+                               code_directory):
     return 2
   submit_guarded(program, pools, xm_resources(pools))
   print(f'vertex: every replica behind the replica guard; the job\'s credentials in '
@@ -443,18 +439,19 @@ def central_slot(pools: List[WorkerPool]) -> str:
 
 
 def issue_job_credentials(pools: List[WorkerPool], store: str, run_name: str,
-                          budget_s: float | None, code_directory: str) -> str | None:
+                          budget_s: float | None, code_directory: str) -> bool:
   """The job's credentials into `store` and its manifest into the staged code (what
-  every replica's guard reads); why not, or None."""
+  every replica's guard reads); False, having said why, if they cannot be."""
   from seedacme.wire import replica_guard, tls_tunnel  # pylint: disable=g-import-not-at-top
   try:
     tls_tunnel.issue_slot_credentials(store, {p.name: p.replicas for p in pools}, run_name,
                                       budget_s)
   except (tls_tunnel.TunnelError, OSError) as e:
-    return f'cannot issue the job\'s credentials into {store}: {e}'
+    print(f'vertex: cannot issue the job\'s credentials into {store}: {e}', file=sys.stderr)
+    return False
   replica_guard.write_manifest(code_directory, store, run_name, central_slot(pools),
                                budget_s)
-  return None
+  return True
 
 
 def submit_guarded(program, pools: List[WorkerPool], resources) -> None:
