@@ -1,4 +1,10 @@
-"""Configuration of a SEED program (agent-independent; agents have their own dataclass)."""
+"""Configuration of a SEED program (agent-independent; agents have their own dataclass).
+
+Why ~300 lines: `ProgramConfig`'s fields are the program's whole surface (transport,
+placement, budgets, faults, the reproducible schedule), each documented where it is
+declared, and its checks refuse a bad combination by name before anything starts;
+split, a field's documentation and its check would live apart.
+"""
 
 import dataclasses
 import numbers
