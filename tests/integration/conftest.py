@@ -16,7 +16,7 @@ from tests.integration import launch
 
 # Files whose tests start emulated clusters of several hosts: one worker, in turn.
 _CLUSTER_FILES = ('test_emulated_cluster.py', 'test_slurm.py', 'test_vertex_emulation.py',
-                  'test_tls_flood.py')
+                  'test_tls_flood.py', 'test_reproducible_hosts.py')
 
 
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
