@@ -84,6 +84,11 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       'run whatever the number of actors, hosts or the load (V-trace and '
                       'PPO, central inference; the learner batch must divide the '
                       'training envs)')
+  parser.add_argument('--reproducible_lag', type=int, default=0,
+                      help='with --reproducible: round r acts with the weights trained on '
+                      'rounds up to r-1-LAG. 0: acting and learning take turns; 1: round r '
+                      'acts while the learner trains on round r-1 (both exact; each its '
+                      'own run)')
   parser.add_argument('--game', default=None, help='Atari game (default Pong)')
   parser.add_argument('--env_engine', choices=ENGINES, default='python',
                       help="how actors step their envs: python (a loop over K envs), "
@@ -273,6 +278,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       target_on=args.target_on,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
       reproducible=getattr(args, 'reproducible', False),
+      reproducible_lag=getattr(args, 'reproducible_lag', 0),
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,

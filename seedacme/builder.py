@@ -86,10 +86,10 @@ class SeedBuilder(abc.ABC):
     """The network the policy acts with (exported as a SavedModel)."""
     return networks
 
-  def round_schedule(self, num_train_envs: int) -> RoundSchedule:
-    """The agent's reproducible schedule with `num_train_envs` training envs
-    (`seedacme.run.schedule`, `ProgramConfig.reproducible`); raises ValueError saying
-    why there is none."""
+  def round_schedule(self, num_train_envs: int, lag: int = 0) -> RoundSchedule:
+    """The agent's reproducible schedule with `num_train_envs` training envs, acting
+    `lag` rounds behind (`seedacme.run.schedule`, `ProgramConfig.reproducible`); raises
+    ValueError saying why there is none."""
     raise ValueError(
         f'agent {self.name!r} has no reproducible schedule: not yet: issue 63 Deliver 2 '
         '(replay-ratio schedules for the off-policy agents)')
@@ -119,9 +119,10 @@ class UnrollQueueBuilder(SeedBuilder):
   def __init__(self, config: Any):
     self.config = config
 
-  def round_schedule(self, num_train_envs: int) -> RoundSchedule:
+  def round_schedule(self, num_train_envs: int, lag: int = 0) -> RoundSchedule:
     """One unroll per env per round, `batch_size` of them per learner step."""
-    return RoundSchedule(num_train_envs, self.config.unroll_length, self.config.batch_size)
+    return RoundSchedule(num_train_envs, self.config.unroll_length, self.config.batch_size,
+                         lag=lag)
 
   def make_batches(self, replay_client: Any, **reverb_options: Any) -> Any:
     """The learner's batches of `config.batch_size` unrolls from the queue

@@ -89,6 +89,10 @@ class ProgramConfig:
       central inference, a learner batch that divides the training envs, and an
       engine that sends all of an actor's envs in one request; `validate` refuses the
       rest by name. A resume compares it (`seedacme.run.identity`).
+    reproducible_lag: L >= 0, how many rounds the acting weights lag the data
+      (`seedacme.run.schedule`): round r acts with the learner's output for rounds
+      0..r-1-L. 0: acting and learning take turns; 1 (Cleanba's): round r acts while
+      the learner trains on round r - 1. Each lag is exact, and another run.
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
@@ -167,6 +171,7 @@ class ProgramConfig:
   progress_interval_s: float = 5.0
   seed: int = 0
   reproducible: bool = False
+  reproducible_lag: int = 0
   checkpoint_interval_s: float | None = 60.0
   export_policy: bool = True
   supervise: bool = True
@@ -233,6 +238,10 @@ class ProgramConfig:
     reproducible schedule can run them (`check_reproducible`)."""
     if not isinstance(self.reproducible, bool):
       raise ValueError(f'reproducible must be True or False, got {self.reproducible!r}')
+    if isinstance(self.reproducible_lag, bool) or \
+        not isinstance(self.reproducible_lag, numbers.Integral) or self.reproducible_lag < 0:
+      raise ValueError(f'reproducible_lag must be an int >= 0 (rounds the acting weights '
+                       f'lag the data), got {self.reproducible_lag!r}')
     if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
         or self.seed < 0:
       raise ValueError(f'seed must be an int >= 0, got {self.seed!r}')
@@ -294,7 +303,7 @@ class ProgramConfig:
         raise ValueError(f'agent {type(builder).__name__} {why}: not yet: issue 63 '
                          'Deliver 2')
       try:
-        round_schedule(self.num_train_envs)
+        round_schedule(self.num_train_envs, lag=self.reproducible_lag)
       except ValueError as e:
         raise ValueError(f'{why}: {e}') from e
     if env_factory is not None:

@@ -9,6 +9,9 @@ Its first step traced, it marks the central node's `learner_traced` start-up pha
 (`seedacme.runtime.startup`). In a reproducible run it notes every step on the round
 clock (`seedacme.run.schedule.RoundClock`), after `after_step` (the inference copy is
 then current): a round's first inference call waits there for the steps it acts after.
+And before every step it asks `may_step` (the round gate's `learner_may_step`): a step
+on round q's data waits until round q + lag has started, so the learner never changes
+weights a round has yet to act with.
 """
 
 import math
@@ -26,13 +29,18 @@ from seedacme.runtime import startup
 class LearnerLoop:
   """Steps `learner` until `stop` is set or `should_stop(steps)` says so."""
 
+  WAIT_S = 0.1  # a wait in `may_step` before the stop is checked again
+
   def __init__(self, learner: Learner, stop: threading.Event, step_delay_s: float = 0.0,
                should_stop: Callable[[int], bool] = lambda steps: False, steps: int = 0,
                after_step: Callable[[], None] | None = None,
-               clock: RoundClock | None = None):
+               clock: RoundClock | None = None,
+               may_step: Callable[[int, float], bool] | None = None):
     """`steps`: the step count to continue from (a resumed run); `after_step`: called
     after every learner step (the inference copy of the variables, when separate);
-    `clock`: told the step count after each step (reproducible runs)."""
+    `clock`: told the step count after each step (reproducible runs); `may_step(steps,
+    timeout_s)`: whether the next step may be taken, waiting up to `timeout_s`
+    (reproducible runs; the loop asks again, checking its stop, until it may)."""
     self.learner = learner
     self._stop = stop
     self._step_delay_s = step_delay_s
@@ -40,6 +48,7 @@ class LearnerLoop:
     self.steps = steps
     self._after_step = after_step
     self._clock = clock
+    self._may_step = may_step
     self.metrics: Dict[str, float] = {}
     self.error: BaseException | None = None
     self.done = threading.Event()
@@ -55,6 +64,8 @@ class LearnerLoop:
       logging.info('Learner step traced in %.1fs', time.monotonic() - started)
       startup.mark('learner', 'learner_traced')
       while not self._stop.is_set() and not self._should_stop(self.steps):
+        if self._may_step is not None and not self._may_step(self.steps, self.WAIT_S):
+          continue
         metrics = self.learner.step()
         if metrics is not None:
           bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))

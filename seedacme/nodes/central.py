@@ -27,8 +27,11 @@ round gate (`seedacme.serving.rounds`): the learner loop notes its steps on the 
 the inference server's gate waits there at each round's start and then calls
 `_on_round`, which writes the round's record (`RunMonitor.round_record`) and ends the
 run at the round where a budget or the training target is met (`_run` sees the
-server's `round_stop`). The summary carries `weights_sha256` (the policy's variables
-at the end, in every run) and, for a reproducible run, its rounds and
+server's `round_stop`); the learner loop asks the gate before each step
+(`learner_may_step`). With `reproducible_lag` >= 1 inference serves its own copy of
+the policy, made the round's weights by the gate at each round's start, while the
+learner trains on an earlier round. The summary carries `weights_sha256` (the policy's
+variables at the end, in every run) and, for a reproducible run, its rounds and
 `exact_until_round` (null: exact throughout; else the last round whose record the
 seed alone decided -- an actor restart, a retried request or a resume came after it).
 Its evaluator plays in passes, each with one named version of the weights
@@ -68,7 +71,7 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
-from seedacme.run.schedule import RoundClock
+from seedacme.run.schedule import ClockClosedError, RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
 from seedacme.runtime.placement import split_cpu
@@ -154,15 +157,21 @@ class CentralNode:
     self.rounds: RoundGate | None = None
     if config.reproducible:
       tf.config.experimental.enable_op_determinism()
-      builder.schedule = builder.round_schedule(config.num_train_envs)
-      self.clock = RoundClock() if config.train else None
-      self.rounds = RoundGate(builder.schedule, self.clock, on_round=self._on_round,
-                              is_closed=self._rounds_closed,
-                              max_learner_steps=config.max_learner_steps)
+      builder.schedule = builder.round_schedule(config.num_train_envs,
+                                                lag=config.reproducible_lag)
     placed = place_networks(builder, spec, config)
     self.placement, learner_devices = placed.placement, placed.learner_devices
     self._networks, self._inference_networks = placed.learner, placed.inference
     self._policy_sync = placed.sync
+    # A lagged schedule: inference's copy is made the round's weights at each round's
+    # start (the learner trains during the round), not after every learner step.
+    self._lagged = config.reproducible and config.reproducible_lag > 0
+    if config.reproducible:
+      self.clock = RoundClock() if config.train else None
+      self.rounds = RoundGate(builder.schedule, self.clock, on_round=self._on_round,
+                              is_closed=self._rounds_closed,
+                              max_learner_steps=config.max_learner_steps,
+                              sync_weights=self._policy_sync if self._lagged else None)
     self._policy_variables = builder.policy_network(self._networks).variables
     self.acting = ActingLog()
     self.server: InferenceServer | None = None
@@ -335,7 +344,9 @@ class CentralNode:
         self.learner, self._stop, c.learner_step_delay_s,
         should_stop=lambda steps: (self.stop_reason is not None
                                    or self.monitor.learner_budget(steps) is not None),
-        steps=self.learner_steps, after_step=self._policy_sync, clock=self.clock)
+        steps=self.learner_steps,
+        after_step=None if self._lagged else self._policy_sync, clock=self.clock,
+        may_step=self._learner_may_step if self.rounds is not None else None)
     if c.train:
       loop.start()
     next_progress = time.monotonic() + c.progress_interval_s
@@ -380,6 +391,15 @@ class CentralNode:
     """The round gate's hook, at the start of round `round_index` (acting waits, the
     learner has taken every earlier round): its record; a budget or target met."""
     return self.monitor.round_record(round_index, *self._learner_state())
+
+  def _learner_may_step(self, steps: int, timeout_s: float) -> bool:
+    """The learner loop's `may_step`: the round gate's (its wait ended by the run's end
+    is a no: the loop then sees its stop)."""
+    try:
+      return self.rounds.learner_may_step(steps, timeout_s)
+    except ClockClosedError:
+      time.sleep(timeout_s)  # the loop checks its stop; no spinning meanwhile
+      return False
 
   def _rounds_closed(self) -> bool:
     """Whether a round's wait for the learner should end: the run is stopping, or the

@@ -6,7 +6,9 @@ nothing is copied. With inference on its own device (`seedacme.runtime.placement
 gets its own copy of the policy's variables there, copied after every learner step
 (`PolicySync`: at most one step stale), and the learner's variables live on the
 learner's devices (data-parallel over several: `seedacme.learner.replicas`).
-`ProgramConfig.policy_copy` asks for the copy on a shared device too.
+`ProgramConfig.policy_copy` asks for the copy on a shared device too, and so does a
+lagged reproducible schedule (`reproducible_lag` >= 1: the learner trains while a
+round acts; the round gate, not the learner loop, calls the copy, once per round).
 """
 
 import dataclasses
@@ -43,13 +45,15 @@ def place_networks(builder: SeedBuilder, spec: EnvSpec,
                          f'--learner_devices gave {", ".join(devices.devices)}')
   with devices.activate():
     learner = builder.make_networks(spec)
-  if placement.shared and not config.policy_copy:
+  lagged = config.reproducible and config.reproducible_lag > 0
+  if placement.shared and not config.policy_copy and not lagged:
     return PlacedNetworks(placement, devices, learner, learner, None)
   with tf.device(placement.inference):
     inference = builder.make_networks(spec)
-  logging.info('Inference serves its own copy of the policy on %s, copied after each '
-               'learner step%s', placement.inference,
-               ' (policy_copy)' if placement.shared else '')
+  logging.info('Inference serves its own copy of the policy on %s, copied %s%s',
+               placement.inference,
+               'at each round\'s start' if lagged else 'after each learner step',
+               ' (policy_copy)' if placement.shared and config.policy_copy else '')
   sync = PolicySync(builder.policy_network(learner).variables,
                     builder.policy_network(inference).variables)
   return PlacedNetworks(placement, devices, learner, inference, sync)

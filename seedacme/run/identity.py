@@ -42,7 +42,8 @@ What is compared, and why:
 - `reproducible` and, with it, the number of training envs (`num_train_envs`: the
   rounds and seeds of `seedacme.run.schedule`), recorded only by a reproducible run:
   a resume may not switch between schedules, nor change N (another split of the same
-  N envs is the same run).
+  N envs is the same run); and its `reproducible_lag` when not 0 (a lag-0 checkpoint
+  saved before the field resumes as it was).
 Not compared: budgets and targets (a resume may extend them; but PPO with
 `anneal_to_budget` derives its learning-rate decay steps from `--max_env_steps`, so a
 resume with another budget changes `agent_config.learning_rate_decay_steps` and is
@@ -346,6 +347,9 @@ def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
       # field (or by a run without it) still resumes, and a resume may not switch it.
       **({'reproducible': True, 'num_train_envs': config.num_train_envs}
          if getattr(config, 'reproducible', False) else {}),
+      **({'reproducible_lag': config.reproducible_lag}
+         if getattr(config, 'reproducible', False)
+         and getattr(config, 'reproducible_lag', 0) else {}),
   })
 
 

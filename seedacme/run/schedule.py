@@ -16,9 +16,17 @@ acts with the weights after learner step S(r) = r * N / B: the learner's output 
 data of rounds 0..r-1 (N unrolls each, N / B batches). `lag` L acts one version older
 per unit: S(r) = max(0, r - L) * N / B.
 
+Lag 0: acting and learning take turns (round r waits for the learner to train on round
+r - 1; the learner then waits for round r's data). Lag 1 (Cleanba's schedule): round r
+acts while the learner trains on round r - 1, and round r + 1 waits for that. Both are
+exact; so that the weights a round acts with are S(r)'s and no later, the learner's
+step on round q's data waits until round q + L has started (`first_round_after`, and
+the clock's `wait_round_started`): it may overlap round q + L, never get ahead of it.
+
 `RoundClock` is where the learner's progress meets acting: the learner loop notes each
-step, and the first call of a round waits for its S(r), interruptibly (a closed run is
-`ClockClosedError`, a `ShutdownError`).
+step and the round gate each round's start; the first call of a round waits for its
+S(r), and a learner step for the round it must come after, interruptibly (a closed run
+is `ClockClosedError`, a `ShutdownError`).
 
 Numpy and the standard library only: the launcher (seeds) and the server (rounds)
 import it.
@@ -114,6 +122,14 @@ class RoundSchedule:
       raise ValueError(f'rounds are >= 0, got {round_index}')
     return max(0, round_index - self.lag) * self.steps_per_round
 
+  def first_round_after(self, learner_steps: int) -> int:
+    """The round that must have started before the learner's step `learner_steps` + 1
+    (it trains on round learner_steps // (N / B)'s data): that round + lag. Stepping
+    sooner would change the weights a started-later round acts with."""
+    if learner_steps < 0:
+      raise ValueError(f'learner steps are >= 0, got {learner_steps}')
+    return int(learner_steps) // self.steps_per_round + self.lag
+
 
 class ClockClosedError(ShutdownError):
   """A wait for learner steps ended because the run is stopping."""
@@ -123,8 +139,10 @@ class RoundClock:
   """The learner steps done so far, and waits for a number of them.
 
   The learner loop calls `note_learner_steps` after each step (and once with the
-  restored count); a round's first call waits in `wait_learner_steps`. `close` (or the
-  caller's `is_closed`, polled) ends every wait with `ClockClosedError`.
+  restored count); a round's first call waits in `wait_learner_steps`. The round gate
+  calls `note_round_started` once a round's weights are fixed; a learner step waits in
+  `wait_round_started` for the round it must come after (`first_round_after`). `close`
+  (or the caller's `is_closed`, polled) ends every wait with `ClockClosedError`.
   """
 
   POLL_S = 0.05  # how often a wait checks `is_closed` (which cannot notify)
@@ -132,12 +150,24 @@ class RoundClock:
   def __init__(self, learner_steps: int = 0):
     self._condition = threading.Condition()
     self._steps = int(learner_steps)
+    self._round = -1  # the last round started (-1: none yet)
     self._closed = False
 
   @property
   def learner_steps(self) -> int:
     with self._condition:
       return self._steps
+
+  @property
+  def round_started(self) -> int:
+    with self._condition:
+      return self._round
+
+  def note_round_started(self, round_index: int) -> None:
+    """Round `round_index` has started: its weights are fixed (rounds go forward)."""
+    with self._condition:
+      self._round = max(self._round, int(round_index))
+      self._condition.notify_all()
 
   def note_learner_steps(self, steps: int) -> None:
     """The learner has done `steps` steps in all (never fewer than noted before)."""
@@ -159,14 +189,25 @@ class RoundClock:
     """Waits until the learner has done `steps` steps: True, or False after `timeout`
     seconds (None: no limit). Raises `ClockClosedError` once the clock is closed or
     `is_closed()` is true (checked every `POLL_S`)."""
+    return self._wait(lambda: self._steps >= steps, is_closed, timeout,
+                      lambda: f'learner step {steps} (at {self._steps})')
+
+  def wait_round_started(self, round_index: int,
+                         is_closed: Callable[[], bool] = lambda: False,
+                         timeout: float | None = None) -> bool:
+    """Waits until round `round_index` has started: True, or False after `timeout`
+    seconds; `ClockClosedError` as `wait_learner_steps`."""
+    return self._wait(lambda: self._round >= round_index, is_closed, timeout,
+                      lambda: f'round {round_index} to start (at {self._round})')
+
+  def _wait(self, done: Callable[[], bool], is_closed: Callable[[], bool],
+            timeout: float | None, what: Callable[[], str]) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
     with self._condition:
       while True:
         if self._closed or is_closed():
-          raise ClockClosedError(
-              f'stopped waiting for learner step {steps} (at {self._steps}): the run is '
-              'stopping')
-        if self._steps >= steps:
+          raise ClockClosedError(f'stopped waiting for {what()}: the run is stopping')
+        if done():
           return True
         wait = self.POLL_S
         if deadline is not None:

@@ -17,7 +17,8 @@ reproducible run (`ProgramConfig.reproducible`) the evaluator plays in passes in
 * Where the weights come from: a second copy of the policy (the central node's eval
   policy: its own variables, its own per-env state table for the evaluator's envs). At
   a round's start, when the round gate has waited for the learner (the weights are the
-  round's and cannot change until the round's data is in), `round_started` keeps a copy
+  round's: with lag 0 the learner waits for the round's data, with a lag inference's
+  copy is set only at round starts), `round_started` keeps a copy
   of them (`capture`) if the evaluator may still start a pass in that round; at a pass
   start the evaluator's request loads its round's copy into the eval policy (`load`).
   Training batches never see the eval copy, evaluation batches never see the live one.

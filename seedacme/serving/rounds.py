@@ -12,12 +12,17 @@ A reproducible run (`ProgramConfig.reproducible`) serves training envs in rounds
   found it: `seedacme.serving.tf_policy`).
 * `RoundGate` (here) counts the calls served (every env has had the same number) and,
   before a round's first call, waits for the learner steps that round acts after
-  (`RoundSchedule.learner_steps_for`, `RoundClock`) -- the version barrier: acting and
-  learning alternate, so the weights never change during a round -- then tells the
-  reproducible evaluator the round started (`EvalPasses.round_started`: it keeps a copy
-  of the round's weights for the passes that start in it, `seedacme.serving.evaluation`)
-  and runs the round hook (the central node's: the round's record, and whether the run
-  ends there).
+  (`RoundSchedule.learner_steps_for`, `RoundClock`) -- the version barrier -- then,
+  with a lagged schedule, makes inference's copy of the policy those weights
+  (`sync_weights`), tells the reproducible evaluator the round started
+  (`EvalPasses.round_started`: it keeps a copy of the round's weights for the passes
+  that start in it, `seedacme.serving.evaluation`), runs the round hook (the central
+  node's: the round's record, and whether the run ends there) and notes the round's
+  start on the clock. The learner's next step waits for that note
+  (`RoundSchedule.first_round_after`), so at the barrier the learner stands exactly at
+  S(r): its weights and metrics are the round's. Lag 0: acting and learning alternate
+  and inference reads the learner's variables (they cannot change during a round).
+  Lag >= 1: the learner trains on round r - L's data while round r acts on its copy.
 * What it cannot replay exactly it records: the first round whose record may differ
   from the uninterrupted run's (`exact_until_round`; an actor restarted, a request
   served twice, a resume from a wall-clock checkpoint) goes into the summary.
@@ -44,13 +49,17 @@ class RoundGate:
   def __init__(self, schedule: RoundSchedule, clock: RoundClock | None = None,
                on_round: RoundHook | None = None,
                is_closed: Callable[[], bool] = lambda: False,
-               max_learner_steps: int | None = None, learner_steps_at_start: int = 0):
+               max_learner_steps: int | None = None, learner_steps_at_start: int = 0,
+               sync_weights: Callable[[], None] | None = None):
     """`clock`: the learner's progress (None: acting only, no barrier); `is_closed`:
     polled while waiting at the barrier (the run is stopping); `max_learner_steps`: the
     learner stops there, so no barrier waits for more; `learner_steps_at_start`: the
-    steps a resumed learner had (the rounds of this process count from there)."""
+    steps a resumed learner had (the rounds of this process count from there);
+    `sync_weights`: copies the learner's policy variables to inference's, after the
+    barrier (a lagged schedule: the learner trains while a round acts)."""
     self.schedule = schedule
     self.clock = clock
+    self._sync_weights = sync_weights
     self._on_round = on_round
     self._is_closed = is_closed
     self._max_learner_steps = max_learner_steps
@@ -81,6 +90,15 @@ class RoundGate:
       steps = min(steps, self._max_learner_steps)
     return steps
 
+  def learner_may_step(self, learner_steps: int, timeout: float | None = None) -> bool:
+    """Whether the learner, at `learner_steps`, may take its next step: once the round
+    it must come after has started (waits up to `timeout` seconds; False: not yet).
+    Raises `ClockClosedError` if the run stops meanwhile."""
+    if self.clock is None:
+      return True
+    needed = self.schedule.first_round_after(max(0, learner_steps - self._steps_at_start))
+    return self.clock.wait_round_started(needed, self._is_closed, timeout)
+
   def before_call(self) -> bool:
     """Before the batch that serves every env its call `calls` (on the batch's leader
     thread). At a round's first call: waits for the learner steps the round acts after
@@ -99,6 +117,8 @@ class RoundGate:
       finally:
         self.learner_wait_s += time.monotonic() - started
     self.round = r
+    if self._sync_weights is not None:  # the learner stands at S(r): this round's weights
+      self._sync_weights()
     if self.evaluation is not None:  # the evaluator's copy of this round's weights
       self.evaluation.round_started(r, self.learner_steps_before(r))
     if self._on_round is not None:
@@ -108,6 +128,8 @@ class RoundGate:
         if self.evaluation is not None:
           self.evaluation.run_ended(r, self.learner_steps_before(r))
         return False
+    if self.clock is not None:  # the learner may now step past S(r)
+      self.clock.note_round_started(r)
     return True
 
   def after_call(self) -> None:

@@ -80,6 +80,9 @@ def test_a_half_batch_engine_is_refused():
 @pytest.mark.parametrize('field,value,match', [
     ('reproducible', 1, 'reproducible must be True or False'),
     ('seed', -1, 'seed must be an int >= 0'),
+    ('reproducible_lag', -1, r'reproducible_lag must be an int >= 0 \(rounds'),
+    ('reproducible_lag', True, 'reproducible_lag must be an int >= 0'),
+    ('reproducible_lag', 1.0, 'reproducible_lag must be an int >= 0'),
 ])
 def test_bad_values_are_refused(field, value, match):
   with pytest.raises(ValueError, match=match):
@@ -106,3 +109,19 @@ def test_a_resume_may_not_switch_the_schedule_but_may_resplit_its_envs():
                                            envs_per_actor=4)) == []
   with pytest.raises(identity.RunConfigMismatchError, match='num_train_envs'):
     identity.compare(exact, _identity(reproducible=True, envs_per_actor=4))
+
+
+def test_the_lag_flag_reaches_the_schedule_and_names_another_run(tmp_path):
+  argv = ['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--reproducible']
+  *_, builder, config = _inputs([*argv, '--reproducible_lag', '1'], tmp_path)
+  assert config.reproducible_lag == 1
+  schedule = builder.round_schedule(config.num_train_envs, lag=config.reproducible_lag)
+  assert [schedule.learner_steps_for(r) for r in range(3)] == [0, 0, 1]
+  with pytest.raises(program_flags.ProgramArgsError, match='reproducible_lag must be'):
+    _inputs([*argv, '--reproducible_lag', '-1'], tmp_path)
+  # Lag 0 records no field (its checkpoints from before the field resume); another lag
+  # is another run.
+  exact = _identity(reproducible=True)
+  assert 'reproducible_lag' not in exact
+  with pytest.raises(identity.RunConfigMismatchError, match='reproducible_lag'):
+    identity.compare(exact, _identity(reproducible=True, reproducible_lag=1))

@@ -213,17 +213,17 @@ STEPS = 12  # learner steps (one per round: 16 unrolls of Catch per learner batc
 
 
 
-def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0):
+def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0, lag=0):
   """One reproducible V-trace Catch run with a 4-env evaluator: (pass records, round
   records, summary)."""
   from seedacme.agents import registry, vtrace  # pylint: disable=g-import-not-at-top
   from seedacme import envs  # pylint: disable=g-import-not-at-top
-  logdir = tmp_path / f'{num_actors}x{envs_per_actor}-busy{busy}'
+  logdir = tmp_path / f'{num_actors}x{envs_per_actor}-busy{busy}-lag{lag}'
   builder = vtrace.VTraceBuilder(registry.make_config('vtrace', 'catch', batch_size=16,
                                                       unroll_length=10, seed=3))
   central, _, actors, _ = make_central(
       builder, 'catch', num_actors, envs_per_actor, reproducible=True,
-      max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
+      reproducible_lag=lag, max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3, num_eval_envs=4,
       eval_episodes=8)
   evaluator = InProcessActor(central, envs.make_factory('catch'), 16, 4, actors[0].stop, Mode.EVAL)
@@ -266,6 +266,21 @@ def test_the_evaluators_passes_are_the_same_on_any_split_and_under_load(make_cen
     assert other == first, (num_actors, envs_per_actor, busy)
     assert other_rounds == rounds
     assert other_summary['weights_sha256'] == summary['weights_sha256']
+
+
+@pytest.mark.timeout(240)
+def test_with_lag_1_the_passes_play_the_rounds_copies_on_any_split(make_central, tmp_path):
+  # Inference's copy is set at each round's start while the learner trains on: the
+  # evaluator's copies are the rounds' weights (S(r) = r - 1 steps), not the learner's.
+  first, rounds, summary = _run(make_central, tmp_path, 2, 8, lag=1)
+  assert summary['exact_until_round'] is None and summary['eval_exact_until_pass'] is None
+  assert summary['eval_complete'] and len(first) >= 3
+  acted = {r['round']: r['learner_steps'] for r in rounds}
+  assert all(p['learner_steps'] == acted[p['round']] for p in first)
+  assert first[-1]['learner_steps'] == STEPS == rounds[-1]['learner_steps']
+  other, other_rounds, other_summary = _run(make_central, tmp_path, 4, 4, lag=1)
+  assert other == first and other_rounds == rounds
+  assert other_summary['weights_sha256'] == summary['weights_sha256']
 
 
 # ---- the server: evaluation requests served by the eval copy, outside the batcher -----

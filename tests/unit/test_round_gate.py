@@ -309,3 +309,43 @@ def test_shared_memory_actors_complete_a_round_together():
       p.close()
     shm_server.close()
     s.close()
+
+
+def test_a_lagged_gate_sets_inference_weights_then_lets_the_learner_past_them():
+  # 4 envs, T = 2, B = 2, lag 1: round r acts after 2 (r - 1) steps; the learner's
+  # steps on round q's data (2q, 2q + 1) wait for round q + 1 to start.
+  clock = RoundClock()
+  events = []
+
+  def hook(r):
+    events.append(('hook', r, clock.round_started))
+    return 'budget' if r == 3 else None
+  gate = RoundGate(RoundSchedule(4, 2, 2, lag=1), clock, on_round=hook,
+                   sync_weights=lambda: events.append(('sync', gate.round)))
+
+  def serve(calls):
+    for _ in range(calls):
+      if not gate.before_call():
+        return False
+      gate.after_call()
+    return True
+  assert serve(3)  # round 0: calls 0..2
+  assert events == [('sync', 0), ('hook', 0, -1)] and clock.round_started == 0
+  assert not gate.learner_may_step(0, timeout=0.05)  # round 0's data waits for round 1
+  assert serve(1)  # round 1's first call: S(1) = 0, no wait
+  assert events[2:] == [('sync', 1), ('hook', 1, 0)] and clock.round_started == 1
+  assert gate.learner_may_step(0) and gate.learner_may_step(1)
+  assert not gate.learner_may_step(2, timeout=0.05)
+  # Round 2 waits for S(2) = 2 steps: its weights are set after them, never before.
+  started = threading.Thread(target=serve, args=(2,), daemon=True)
+  started.start()
+  time.sleep(0.2)
+  assert started.is_alive() and len(events) == 4
+  clock.note_learner_steps(2)
+  started.join(5)
+  assert events[4:] == [('sync', 2), ('hook', 2, 1)] and gate.learner_may_step(2)
+  # The run ends at round 3's start: its weights are the final ones, and the learner
+  # never trains on round 2's data (round 3 never starts).
+  clock.note_learner_steps(4)
+  assert not serve(2) and gate.stop == 'budget'
+  assert events[6:] == [('sync', 3), ('hook', 3, 2)] and clock.round_started == 2

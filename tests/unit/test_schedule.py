@@ -34,6 +34,24 @@ def test_a_round_acts_after_the_learner_steps_of_the_rounds_before_it():
   assert [lagged.learner_steps_for(r) for r in range(4)] == [0, 0, 1, 2]
 
 
+def test_a_learner_step_comes_after_the_round_its_weights_must_not_reach():
+  # 16 envs, B = 8: two steps per round. A step on round q's data (steps 2q, 2q + 1)
+  # waits for round q + lag to start.
+  assert [RoundSchedule(16, 20, 8).first_round_after(s) for s in range(6)] == \
+      [0, 0, 1, 1, 2, 2]
+  lagged = RoundSchedule(16, 20, 8, lag=1)
+  assert [lagged.first_round_after(s) for s in range(6)] == [1, 1, 2, 2, 3, 3]
+  # Step s + 1, taken once round first_round_after(s) started, makes weights that
+  # round no longer needs (it acts after at most s steps), and every round not yet
+  # started acts after at least s + 1: the learner neither waits too long nor gets ahead.
+  for sched in (RoundSchedule(16, 20, 8), lagged, RoundSchedule(16, 20, 4, lag=2)):
+    for s in range(12):
+      started = sched.first_round_after(s)
+      assert sched.learner_steps_for(started) <= s
+      assert all(sched.learner_steps_for(r) >= s + 1
+                 for r in range(started + 1, started + 4))
+
+
 @pytest.mark.parametrize('kwargs,match', [
     (dict(num_envs=16, unroll_length=20, batch_size=32), r'batch_size=32.*= 16.*batch_size=16'),
     (dict(num_envs=12, unroll_length=20, batch_size=8), r'batch_size=6 or 12 would'),
@@ -61,6 +79,25 @@ def test_the_clock_releases_a_wait_once_the_learner_gets_there():
   assert clock.wait_learner_steps(4, timeout=0.1) is False
   with pytest.raises(ValueError, match='go forward'):
     clock.note_learner_steps(2)
+
+
+def test_the_clock_releases_a_learner_step_once_its_round_started():
+  clock = RoundClock()
+  done = []
+  waiter = threading.Thread(target=lambda: done.append(clock.wait_round_started(2)))
+  waiter.start()
+  clock.note_round_started(1)
+  time.sleep(0.2)
+  assert not done and clock.round_started == 1
+  clock.note_round_started(2)
+  waiter.join(5)
+  assert done == [True]
+  clock.note_round_started(0)  # rounds go forward: an older one changes nothing
+  assert clock.round_started == 2
+  assert clock.wait_round_started(3, timeout=0.1) is False
+  clock.close()
+  with pytest.raises(ClockClosedError, match='round 3 to start'):
+    clock.wait_round_started(3)
 
 
 @pytest.mark.parametrize('how', ['close', 'is_closed'])
