@@ -48,6 +48,19 @@ class R2D2Builder(builder_lib.SeedBuilder):
   def replay_capacity(self) -> Tuple[int, int]:
     return self.config.replay_size, self.config.sequence_length
 
+  def round_schedule(self, num_train_envs: int, lag: int = 0):
+    """None yet: refused by name (`ProgramConfig.check_reproducible`)."""
+    del num_train_envs, lag
+    raise ValueError(
+        "agent 'r2d2' has no reproducible schedule: not yet: issue 63 Deliver 2: its "
+        'replay is a prioritized Reverb table, and Reverb 0.7\'s samplers cannot be '
+        'seeded (their generator is '
+        'internal to the server: google-deepmind/reverb#25), so which sequences a '
+        'learner step gets, and so its priority updates, depend on the server\'s '
+        'threads; the in-process replay a reproducible run uses instead '
+        '(seedacme/trajectories/local_replay.py) samples uniformly (SAC) and has no '
+        'proportional sampling with priority updates yet')
+
   @property
   def replay_checkpoint_interval_s(self) -> float | None:
     return self.config.replay_checkpoint_interval_s

@@ -4,6 +4,12 @@ limiter, the actor as the served policy, the SAC learner.
 Items are packed into one float32 column by default (`SACConfig.packed_items`,
 `seedacme.trajectories.packing`): a sampled batch of 256 five-column items cost 2.4x
 the CPU of packed ones, on the 2 cores the learner shares with acting.
+
+A reproducible run (`ProgramConfig.reproducible`) replaces the Reverb table by an
+in-process replay sampled by a seeded generator, in rounds whose learner steps the
+samples-per-insert ratio fixes (`seedacme.trajectories.local_replay`: Reverb 0.7's
+samplers cannot be seeded); the central node sets `schedule` (`round_schedule`) before
+it makes the sink and the learner, which then share that replay.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ learning = lazy.load('seedacme.agents.sac.learning')
 networks = lazy.load('seedacme.agents.sac.networks')
 packing = lazy.load('seedacme.trajectories.packing')
 datasets = lazy.load('seedacme.trajectories.datasets')
+local_replay = lazy.load('seedacme.trajectories.local_replay')
 
 _FIELDS = ('observation', 'reward', 'discount', 'step_type')
 
@@ -38,9 +45,26 @@ class SACBuilder(builder_lib.SeedBuilder):
   name = 'sac'
   table = 'sac_transitions'
   continuous_actions = True
+  schedule = None  # reproducible runs: set by the central node (`round_schedule`)
 
   def __init__(self, config: SACConfig = SACConfig()):
     self.config = config
+    self._local_replay = None  # a reproducible run's replay (made with the sink)
+
+  def round_schedule(self, num_train_envs: int, lag: int = 0):
+    """Rounds whose learner steps `samples_per_insert` fixes, learning from the round
+    the replay holds `min_replay_size` items (`ReplayRoundSchedule`)."""
+    c = self.config
+    return local_replay.ReplayRoundSchedule(
+        num_train_envs, c.samples_per_insert, c.batch_size, c.sgd_steps_per_sample,
+        self.item_steps, c.min_replay_size, lag=lag)
+
+  def local_replay(self):
+    """The in-process replay of a reproducible run (one per builder: the sink writes
+    it, the learner samples it)."""
+    if self._local_replay is None:
+      self._local_replay = local_replay.LocalReplay(self.config.replay_size)
+    return self._local_replay
 
   def check_spec(self, spec: EnvSpec) -> None:
     if not spec.continuous:
@@ -116,13 +140,24 @@ class SACBuilder(builder_lib.SeedBuilder):
 
   def make_trajectory_sink(self, replay_client, num_envs: int,
                            spec: EnvSpec) -> ReverbSequenceSink:
+    if self.schedule is not None:
+      return local_replay.LocalReplaySink(
+          self.local_replay(), num_envs, length=self.item_steps, period=1,
+          to_items=functools.partial(self._to_items, layout=self.layout(spec)))
     return ReverbSequenceSink(replay_client, self.table, num_envs, length=self.item_steps,
                               period=1, to_items=functools.partial(
                                   self._to_items, layout=self.layout(spec)))
 
   def make_learner(self, networks_, replay_client, spec: EnvSpec) -> learning.SACLearner:
-    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
-                            self.config.sample_size)
-    return learning.SACLearner(networks_, self.config, batches,
-                               item_signature=self.item_signature(spec),
-                               layout=self.layout(spec))
+    if self.schedule is not None:
+      batches = local_replay.LocalReplayBatches(self.local_replay(), self.schedule,
+                                                self.config.seed, self.config.sample_size)
+    else:
+      batches = datasets.ReverbBatches(replay_client.server_address, self.table,
+                                       self.config.sample_size)
+    learner = learning.SACLearner(networks_, self.config, batches,
+                                  item_signature=self.item_signature(spec),
+                                  layout=self.layout(spec))
+    if self.schedule is not None:  # step j samples with the generator keyed by j
+      batches.steps_done = lambda: int(learner.num_steps.numpy())
+    return learner

@@ -52,11 +52,12 @@ def make_central(tmp_path):
   created = []
 
   def make(agent_config, env='catch', num_actors=2, envs_per_actor=8, actor=None,
-           **config_kwargs):
+           env_options=None, **config_kwargs):
     """`agent_config`: a VTraceConfig, or any builder; `actor`: the actor class
-    (default `InProcessActor`); `config_kwargs`: ProgramConfig fields over the
-    defaults here (logdir: the test's tmp dir; no evaluator, no time budget)."""
-    factory = envs.make_factory(env)
+    (default `InProcessActor`); `env_options`: the env's (e.g. a MuJoCo level);
+    `config_kwargs`: ProgramConfig fields over the defaults here (logdir: the test's
+    tmp dir; no evaluator, no time budget)."""
+    factory = envs.make_factory(env, **(env_options or {}))
     spec = envs.env_spec_of(factory(0))
     builder = (vtrace.VTraceBuilder(agent_config)
                if isinstance(agent_config, vtrace.VTraceConfig) else agent_config)

@@ -1,0 +1,118 @@
+"""A seed names an off-policy run too (issue 63, Deliver 2): SAC on InvertedPendulum,
+reproducible, gives the same round records and final weights on 2 x 4 and 4 x 2 actors
+x envs, with a busy loop beside the second.
+
+In process (`make_central`): the central node's in-process replay
+(`seedacme.trajectories.local_replay`) takes each call's items in env-id order and the
+learner samples it with a generator keyed by (seed, learner step), in rounds whose
+learner steps the samples-per-insert ratio fixes. And the schedule's arithmetic, and
+its refusals, on their own.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from seedacme.agents import r2d2, registry, sac
+from seedacme.config import ProgramConfig
+from seedacme.trajectories.local_replay import LocalReplay, ReplayRoundSchedule
+
+STEPS = 24  # learner steps: 2 per round after the warm-up
+
+
+def _sac_pendulum():
+  # 8 envs, 8 samples per insert, batches of 32: 2 learner steps per round of one call;
+  # learning once the replay holds 64 transitions (after round 7).
+  return sac.SACBuilder(registry.make_config(
+      'sac', 'mujoco', hidden_sizes=(32, 32), batch_size=32, min_replay_size=64,
+      samples_per_insert=8.0, sgd_steps_per_sample=1, seed=3))
+
+
+def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0):
+  logdir = tmp_path / f'sac-{num_actors}x{envs_per_actor}-busy{busy}'
+  central, _, actors, _ = make_central(
+      _sac_pendulum(), 'mujoco', num_actors, envs_per_actor,
+      env_options={'level': 'InvertedPendulum-v5'}, reproducible=True,
+      max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
+      logdir=str(logdir), progress_interval_s=1.0, seed=3)
+  loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+           for _ in range(busy)]
+  try:
+    for a in actors:
+      a.start()
+    central.run()
+  finally:
+    for p in loops:
+      p.kill()
+      p.wait()
+  assert all(a.error is None for a in actors), [a.error for a in actors]
+  with open(logdir / 'rounds.jsonl') as f:
+    rounds = [json.loads(line) for line in f]
+  return rounds, central.summary, central
+
+
+@pytest.mark.timeout(240)
+def test_sac_pendulum_is_the_same_run_on_any_split(make_central, tmp_path):
+  first, summary, central = _run(make_central, tmp_path, 2, 4)
+  assert summary['stop']['kind'] == 'learner_steps', summary['stopped_because']
+  assert summary['reproducible'] and summary['exact_until_round'] is None, summary
+  schedule = central.rounds.schedule
+  assert (schedule.unroll_length, schedule.steps_per_round,
+          schedule.warm_up_rounds) == (1, 2, 7)
+  # Round r acts after 2 * max(0, r - 7) steps; the run ends at the round reaching 24.
+  assert [r['learner_steps'] for r in first] == \
+      [2 * max(0, r - 7) for r in range(7 + STEPS // 2 + 1)]
+  assert first[-1]['episodes'] > 0
+  losses = [r['learner_critic_loss'] for r in first[8:]]
+  assert len(set(losses)) == len(losses), losses
+  # Every call's items went to the in-process replay, none to Reverb's table.
+  replay = central._builder.local_replay()  # pylint: disable=protected-access
+  assert replay.calls == schedule.last_call(len(first) - 2) + 1
+  assert replay.size == 8 * (replay.calls - 1)
+  rounds, other, _ = _run(make_central, tmp_path, 4, 2, busy=1)
+  assert rounds == first
+  assert other['weights_sha256'] == summary['weights_sha256']
+
+
+def test_replay_schedule_arithmetic():
+  # SAC's MuJoCo defaults on 2 x 4: 256 samples per insert, batches of 4 x 256.
+  s = ReplayRoundSchedule(8, 256.0, 256, 4, 2, 5000, lag=0)
+  assert (s.unroll_length, s.steps_per_round, s.warm_up_rounds) == (1, 8, 624)
+  assert s.items_through(623) == 4992 and s.items_through(624) == 5000
+  assert [s.learner_steps_for(r) for r in (0, 624, 625, 626)] == [0, 0, 8, 16]
+  assert [s.first_round_after(j) for j in (0, 7, 8)] == [624, 624, 625]
+  # Two envs: a round of 2 calls makes 4 inserts, 1024 samples, one call of 4 steps.
+  s = ReplayRoundSchedule(2, 256.0, 256, 4, 2, 1024, lag=1)
+  assert (s.unroll_length, s.steps_per_round) == (2, 4)
+  assert s.learner_steps_for(s.warm_up_rounds + 1) == 0
+  assert s.learner_steps_for(s.warm_up_rounds + 2) == 4
+  # n-step items: the first n calls of each env end none.
+  s = ReplayRoundSchedule(4, 4.0, 16, 1, 4, 16, lag=0)
+  assert [s.items_through(r) for r in range(3)] == [0, 0, 4]
+  with pytest.raises(ValueError, match='samples_per_insert'):
+    ReplayRoundSchedule(8, None, 256, 1, 2, 5000)
+  with pytest.raises(ValueError, match='simple fraction'):
+    ReplayRoundSchedule(8, 256.0 / 9973, 256, 1, 2, 5000)
+
+
+def test_local_replay_windows_are_the_items_after_a_call():
+  replay = LocalReplay(capacity=5)
+  for call in range(4):
+    replay.add_call([call * 10 + e for e in range(2)])
+  assert replay.window(1, 0.0) == (0, 4)
+  assert replay.window(3, 0.0) == (3, 8)  # the newest 5
+  assert replay.window(4, 0.05) is None  # not in yet
+  assert replay.take(np.array([3, 7]), keep_from=3) == [11, 31]
+  with pytest.raises(RuntimeError, match='dropped'):
+    replay.take(np.array([2]), keep_from=3)
+
+
+def test_r2d2_reproducible_is_refused_with_its_reason():
+  builder = r2d2.R2D2Builder(registry.make_config('r2d2', 'cartpole'))
+  config = ProgramConfig(num_actors=2, envs_per_actor=8, num_eval_envs=0,
+                         reproducible=True, logdir='/tmp/unused')
+  with pytest.raises(ValueError, match='prioritized'):
+    config.check_reproducible(builder)
