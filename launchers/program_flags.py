@@ -153,6 +153,9 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
   parser.add_argument('--checkpoint_interval_s', type=float, default=60.0,
                       help='checkpoint period; a rerun with the same --logdir resumes '
                       '(0: no checkpoints)')
+  parser.add_argument('--checkpoint_rounds', type=int, default=50,
+                      help='with --reproducible: checkpoint every this many rounds '
+                      'instead, envs included, so that a resume is exact')
 
 
 def parse_overrides(items: List[str]) -> Dict[str, Any]:
@@ -280,6 +283,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       reproducible=getattr(args, 'reproducible', False),
       reproducible_lag=getattr(args, 'reproducible_lag', 0),
       checkpoint_interval_s=args.checkpoint_interval_s or None,
+      checkpoint_rounds=getattr(args, 'checkpoint_rounds', 50),
       standby_restarts=args.standby_restarts,
       learner_step_delay_s=args.learner_step_delay_s, inference=args.inference,
       transport=args.transport, inference_devices=args.inference_devices,

@@ -95,6 +95,9 @@ class ProgramConfig:
       the learner trains on round r - 1. Each lag is exact, and another run.
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
+    checkpoint_rounds: a reproducible run checkpoints every this many rounds instead
+      (at the round's start, with the servers' and envs' state), so that a resume is
+      exact (`seedacme.run.resume`); checkpoint_interval_s=None turns them off too.
     export_policy: write the policy as a SavedModel to <logdir>/saved_model at the end.
     supervise: run actors, evaluator and the central node as supervised child processes
       that are restarted when they die (seedacme.runtime.supervisor).
@@ -173,6 +176,7 @@ class ProgramConfig:
   reproducible: bool = False
   reproducible_lag: int = 0
   checkpoint_interval_s: float | None = 60.0
+  checkpoint_rounds: int = 50
   export_policy: bool = True
   supervise: bool = True
   standby_restarts: bool = False
@@ -267,6 +271,9 @@ class ProgramConfig:
       raise ValueError(f'max_abs_reward must be > 0 or None, got {self.max_abs_reward}')
     if self.env_step_timeout_s is not None and self.env_step_timeout_s <= 0:
       raise ValueError(f'env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}')
+    if isinstance(self.checkpoint_rounds, bool) or \
+        not isinstance(self.checkpoint_rounds, numbers.Integral) or self.checkpoint_rounds < 1:
+      raise ValueError(f'checkpoint_rounds must be an int >= 1, got {self.checkpoint_rounds!r}')
     if self.num_eval_envs < 0:
       raise ValueError(f'num_eval_envs must be >= 0, got {self.num_eval_envs}')
     if self.reproducible:

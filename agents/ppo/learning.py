@@ -168,6 +168,13 @@ class PPOLearner(BatchLearner):
       state['kl_scale'] = self._kl_scale
     return state
 
+  def resume_state(self) -> Dict[str, Any]:
+    """Each env's return carried into its next unroll (`carry_reward_returns`)."""
+    return {'env_returns': dict(self._env_returns)}
+
+  def load_resume_state(self, state: Dict[str, Any]) -> None:
+    self._env_returns = dict(state.get('env_returns', {}))
+
   # ---- in-graph parts --------------------------------------------------------------
   def _scale_rewards(self, rewards, returns, mask):
     """Adds the returns to the statistics; rewards divided by their std, clipped."""

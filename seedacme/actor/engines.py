@@ -15,13 +15,17 @@ timesteps and the server sees LAST followed by FIRST for each env, as dm_env int
 Engines report rewards and step types only; episode returns and lengths are added up
 by whoever reads them (`seedacme.run.accounting.EpisodeTracker`).
 
+A reproducible run's round checkpoints save the envs too: `BatchedEnv.snapshot` pickles
+each env with its current timestep, `restore` puts them back (`seedacme.run.resume`).
+
 When an env raises, `BatchedEnv` says which one (`EnvError`: its slot and name), and
 while it steps, `current_slot` says which env is in a call: the actor reports a fault
 by env, and its step watchdog names the env that hung (`seedacme.actor.env_actor`).
 """
 
 import functools
-from typing import Any, Sequence
+import pickle
+from typing import Any, List, Sequence
 
 import dm_env
 import numpy as np
@@ -40,6 +44,11 @@ def env_name(factory: Any, env: Any = None) -> str:
     base = getattr(factory, '__name__', type(factory).__name__)
   name = type(env).__name__ if env is not None else base
   return f'{name} ({detail})' if detail else name
+
+
+class EnvSnapshotError(RuntimeError):
+  """An engine's envs cannot be saved (an env that does not pickle, an engine without
+  `snapshot`): a resume from that round is not exact, and says why."""
 
 
 class EnvError(RuntimeError):
@@ -107,6 +116,37 @@ class BatchedEnv:
                   self._call(i, env.step, actions[i]))
     return self._batch()
 
+  def snapshot(self) -> List[bytes]:
+    """Per env, its state and its current timestep, pickled (a reproducible run's
+    round checkpoint, `seedacme.run.resume`); raises `EnvSnapshotError` naming an env
+    that cannot be pickled."""
+    blobs = []
+    for i, env in enumerate(self._envs):
+      try:
+        blobs.append(pickle.dumps(
+            {'env': env, 'observation': self._obs[i], 'reward': self._reward[i],
+             'discount': self._discount[i], 'step_type': self._step_type[i]},
+            protocol=pickle.HIGHEST_PROTOCOL))
+      except Exception as e:  # pylint: disable=broad-except
+        raise EnvSnapshotError(f'env {i} ({self.names[i]}) cannot be pickled: '
+                               f'{type(e).__name__}: {e}') from e
+    return blobs
+
+  def restore(self, blobs: Sequence[bytes]) -> BatchStep:
+    """Continues from `snapshot()`'s blobs (one per env, in slot order): the envs as
+    they were, and their timestep then, which it returns."""
+    if len(blobs) != self.num_envs:
+      raise ValueError(f'{len(blobs)} env snapshots for {self.num_envs} envs')
+    for i, blob in enumerate(blobs):
+      saved = pickle.loads(blob)
+      close = getattr(self._envs[i], 'close', None)
+      if close is not None:
+        close()
+      self._envs[i] = saved['env']
+      self._obs[i], self._reward[i] = saved['observation'], saved['reward']
+      self._discount[i], self._step_type[i] = saved['discount'], saved['step_type']
+    return self._batch()
+
   def close(self) -> None:
     for env in self._envs:
       close = getattr(env, 'close', None)
@@ -138,6 +178,18 @@ class Lockstep:
   def send(self, actions: np.ndarray) -> None:
     """Steps all K envs; `recv()` returns the result."""
     self._pending = SlotStep(self._slots, self._envs.step(actions))
+
+  def snapshot(self) -> List[bytes]:
+    """The engine's envs, pickled (`BatchedEnv.snapshot`); `EnvSnapshotError` when it
+    cannot."""
+    snapshot = getattr(self._envs, 'snapshot', None)
+    if snapshot is None:
+      raise EnvSnapshotError(f'engine {type(self._envs).__name__} cannot snapshot its envs')
+    return snapshot()
+
+  def restore(self, blobs: Sequence[bytes]) -> None:
+    """The engine's envs from `snapshot()`; `recv()` returns their saved timesteps."""
+    self._pending = SlotStep(self._slots, self._envs.restore(blobs))
 
   def close(self) -> None:
     self._envs.close()

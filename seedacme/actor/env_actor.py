@@ -25,6 +25,11 @@ Start-up marks (`seedacme.runtime.startup`) under the node's name (`actor/<i>`,
 `evaluator/<i>`): `envs_built` once the K envs exist, `first_answer` at the first
 actions from the inference server.
 
+Round checkpoints. In a reproducible run with them (`round_snapshots`), the actor hands
+its envs, pickled, to the central node before each checkpoint round's first request,
+and on start asks for them back: an exact resume continues its envs where the round
+checkpoint left them (`seedacme.run.resume`).
+
 Env faults. An env that raises, or whose step (reset included) has not returned after
 `env_step_timeout_s` (a watchdog thread), is reported to the central node by name
 (`seedacme.wire.reports.env_fault`: env, env ids, error, seed; it logs and counts it)
@@ -43,13 +48,14 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 from absl import logging
 import numpy as np
 
 from seedacme.actor.engines import EnvError, env_name, half_batch_driver, make_engine
 from seedacme.actor.transport import InferencePath
+from seedacme.run.resume import ActorSnapshots
 from seedacme.runtime import startup
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.runtime import supervisor
@@ -63,6 +69,8 @@ from seedacme.wire.reports import env_fault, fault_report
 # the env as hung and exits (module docstring).
 ENV_STEP_TIMEOUT_S = 60.0
 _FAULT_REPORT_TIMEOUT_S = 5.0
+# How long an actor asks the central node to take or give its envs' snapshot.
+_SNAPSHOT_CALL_S = 120.0
 
 
 def new_run_id() -> int:
@@ -109,7 +117,8 @@ class EnvActor:
                acting: ActingLog | None = None, transport: str = 'auto',
                stop_event: threading.Event | None = None, nice: int = 0,
                env_step_timeout_s: float | None = ENV_STEP_TIMEOUT_S,
-               on_env_hang: Callable[[], None] | None = None, central: Any = None):
+               on_env_hang: Callable[[], None] | None = None, central: Any = None,
+               round_snapshots: Tuple[int, int] | None = None):
     """Creates the actor.
 
     Args:
@@ -142,6 +151,10 @@ class EnvActor:
         process exits with `ENV_HUNG_EXIT_CODE`; the hung call cannot be interrupted).
       central: where env faults are reported (`report_acting`); default: `inference`'s
         central node (the inference client itself, or an actor-side inference's).
+      round_snapshots: (unroll length, checkpoint_rounds) of a reproducible run with
+        round checkpoints: the envs are handed to the central node at each checkpoint
+        round's first call and restored from it on an exact resume
+        (`seedacme.run.resume`); None: neither.
     """
     self._inference = inference
     self._central = central if central is not None else _central_of(inference)
@@ -173,6 +186,9 @@ class EnvActor:
     self._transport = transport
     self.path: InferencePath | None = None  # made by `run`, with its stop event
     self._nice = nice
+    self._snapshots = None if round_snapshots is None or mode is not Mode.TRAIN else \
+        ActorSnapshots(self.env_ids, *round_snapshots, send=self._send_snapshot,
+                       fetch=self._fetch_snapshot)
     if self.restarts:
       logging.info('Actor %d restarted (%d before): env seeds from %d (base seed %d)',
                    actor_id, self.restarts, self.seed, seed)
@@ -221,6 +237,11 @@ class EnvActor:
     try:
       all_slots = np.arange(len(self.env_ids))
       batch = self._env_call(kind, all_slots, self._envs.recv)
+      if self._snapshots is not None:  # an exact resume: the envs of its round
+        calls, _ = self._snapshots.resume(self._envs)
+        if calls:
+          self.steps = calls
+          batch = self._env_call(kind, all_slots, self._envs.recv)
       last_log = time.monotonic()
       round_start, round_first_episode = time.monotonic(), 0
       while not self._stop.is_set():
@@ -231,6 +252,8 @@ class EnvActor:
           round_start, round_first_episode = time.monotonic(), self.episodes
         if self._max_steps is not None and self.steps >= self._max_steps:
           break
+        if self._snapshots is not None:
+          self._snapshots.maybe_save(self.steps, self._envs)
         ts = batch.step
         reply = path.step(self.env_ids[batch.slots], run_ids[:len(batch.slots)],
                           ts.observation, ts.reward, ts.discount, ts.step_type, self.mode)
@@ -266,6 +289,29 @@ class EnvActor:
                  kind, self._actor_id, self.steps,
                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                  'tensorflow' in sys.modules)
+
+  # ---- round checkpoints (`seedacme.run.resume`) -------------------------------------
+  def _ask_central(self, method: str, *args) -> Any:
+    """`method(*args)` on the central node, asked again while it does not answer (it
+    may be starting); None once stopped or after `_SNAPSHOT_CALL_S`."""
+    deadline = time.monotonic() + _SNAPSHOT_CALL_S
+    while not self._stop.is_set() and time.monotonic() < deadline:
+      try:
+        call = getattr(self._central.futures, method)
+        return courier_guard.accept(
+            call(*courier_guard.plain(args)).result(timeout=_FAULT_REPORT_TIMEOUT_S),
+            method)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info('Actor %d: %s not answered (%s); asking again', self._actor_id,
+                     method, str(e).strip()[-200:])
+        self._stop.wait(1.0)
+    return None
+
+  def _send_snapshot(self, round_index, env_ids, blobs, why) -> None:
+    self._ask_central('env_snapshot', round_index, env_ids, blobs, why)
+
+  def _fetch_snapshot(self, env_ids):
+    return self._ask_central('resume_envs', env_ids)
 
   # ---- env faults ----------------------------------------------------------------------
   def _env_call(self, kind: str, slots: np.ndarray, method, *args):

@@ -33,6 +33,16 @@ class Learner(abc.ABC):
     """Everything trained that a restart must not lose: networks, optimizer, counters
     (TF trackables; saved with `tf.train.Checkpoint`)."""
 
+  def resume_state(self) -> Dict[str, Any]:
+    """What the learner keeps outside its TF variables that later steps depend on
+    (pickled into a reproducible run's round checkpoint: `seedacme.run.resume`);
+    {} when nothing."""
+    return {}
+
+  def load_resume_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `resume_state()`."""
+    del state
+
   def warm_up(self) -> bool:
     """Builds the SGD step's graph before the first batch arrives; returns whether the
     step is traced now (False: this learner has nothing to trace ahead).

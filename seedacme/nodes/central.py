@@ -39,9 +39,13 @@ Its evaluator plays in passes, each with one named version of the weights
 (`_make_evaluation`, last, so that the training networks' initial weights are drawn as
 without it), writes each pass to `evals.jsonl`, lets the passes that start by the
 run's last round finish before it ends (`EVAL_FINISH_S`), and puts the passes in the
-summary (`eval_*`).
+summary (`eval_*`). Its checkpoints are round checkpoints (`seedacme.run.resume`):
+every `checkpoint_rounds` rounds and at the round it ends, from the round hook
+(`_save_round`: the round state, then the TF checkpoint), never on the clock; a resume
+continues at the round (`_resume_rounds`), the actors taking their envs back
+(`env_snapshot`, `resume_envs` on Courier).
 
-Why ~380 lines: the node composes parts that live elsewhere, but its start-up
+Why ~600 lines: the node composes parts that live elsewhere, but its start-up
 (placement, restore and the run-config check) and its one end (`finish`) are ordered
 steps that read best in one place. Its start-up phases are marked under the node name
 `learner` (`seedacme.runtime.startup`: `devices`, `inference_compiled`, `serving`;
@@ -71,6 +75,7 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
+from seedacme.run.resume import EnvSnapshots, RoundCheckpoints
 from seedacme.run.schedule import ClockClosedError, RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
@@ -195,7 +200,22 @@ class CentralNode:
     self.learner_steps = 0  # restored on resume; the learner loop continues from it
     self._checkpointer = None
     self.resumed_from: int | None = None
+    # A reproducible run's round checkpoints (seedacme.run.resume): the round states,
+    # the envs' snapshots as actors hand them in, and what a resume continues from.
+    self._round_checkpoints: RoundCheckpoints | None = None
+    self._env_snapshots: EnvSnapshots | None = None
+    self.resumed_round: int | None = None
+    self._resumed_envs: Dict[int, bytes] = {}
+    self._envs_handed: set = set()  # envs whose actor took its snapshot (`resume_envs`)
+    self._resumed_metrics: Dict[str, float] = {}
     if config.checkpoint_interval_s is not None:
+      # Lag 0 only: with a lag, a round's start leaves L rounds of unrolls in the queue
+      # that a round state does not hold (such a resume is recorded as not exact).
+      if self.rounds is not None and self.server is not None and \
+          not getattr(config, 'reproducible_lag', 0):
+        self._round_checkpoints = RoundCheckpoints(os.path.join(config.logdir,
+                                                                'checkpoints'))
+        self._env_snapshots = EnvSnapshots(config.num_train_envs)
       # A resume is this run or a refusal (seedacme.run.identity): fatal, not retried.
       self._checkpointer = Checkpointer(os.path.join(config.logdir, 'checkpoints'),
                                         self.learner.checkpoint_state(),
@@ -213,17 +233,18 @@ class CentralNode:
     if self._policy_sync is not None:  # inference's copy: the restored (or first) weights
       self._policy_sync()
     if self.rounds is not None and self.resumed_from is not None:
-      # Rounds count from the restored learner; the acting state (envs, noise, episode
-      # windows) is not in a wall-clock checkpoint: issue 63 Deliver 3.
-      self.rounds.resume_at(self.learner_steps)
-      self.rounds.not_exact(f'resumed from a checkpoint at learner step '
-                            f'{self.learner_steps} (acting state not saved)', 0)
+      self._resume_rounds(replay)
     if self.clock is not None:
       self.clock.note_learner_steps(self.learner_steps)
     self.monitor.restart_clock(self.learner_steps, resumed=self.resumed_from is not None)
     self.evaluation: EvalPasses | None = None
     if self.rounds is not None and self.server is not None and config.num_eval_envs:
       self.evaluation = self._make_evaluation()
+      if self.resumed_round is not None:
+        # Its passes go on from the resumed round; its envs start over (not saved).
+        self.evaluation.calls = self.rounds.schedule.first_call(self.resumed_round)
+        self.evaluation.not_exact(f'resumed at round {self.resumed_round}: the '
+                                  'evaluator\'s envs start over')
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
     self.summary: Dict[str, Any] | None = None
@@ -235,6 +256,103 @@ class CentralNode:
                  '' if config.train else ', acting only', config.num_envs,
                  config.num_train_envs, serving.max_batch_envs,
                  config.inference_timeout_ms)
+
+  def _resume_rounds(self, replay: Any) -> None:
+    """A reproducible run resumed: from the round state saved with the checkpoint
+    (`seedacme.run.resume`), exactly at its round -- or, without one, with rounds
+    counted from the restored learner and the run not exact from round 0 on."""
+    state = None
+    if self._round_checkpoints is not None:
+      state = self._round_checkpoints.find(self.learner_steps)
+    if state is None:
+      # A wall-clock checkpoint (a run that was not reproducible, or older code): the
+      # acting state (envs, noise, episode windows) is not in it.
+      self.rounds.resume_at(self.learner_steps)
+      self.rounds.not_exact(f'resumed from a checkpoint at learner step '
+                            f'{self.learner_steps} without a round state (acting state '
+                            'not saved)', 0)
+      return
+    r = state['round']
+    self.server.restore_round_state(state['server'])
+    self.learner.load_resume_state(state['learner'])
+    self._resumed_metrics = dict(state['metrics'])
+    self._resumed_envs = dict(state['envs'])
+    self.resumed_round = r
+    kept = self.monitor.keep_rounds_before(r)
+    # Unrolls the killed run wrote after this round's start would be taken as this
+    # round's: the queue starts empty (an exact resume rewrites them).
+    reset = getattr(replay, 'reset', None)
+    if reset is not None:
+      try:
+        reset(self._builder.table)
+      except Exception as e:  # pylint: disable=broad-except
+        self.rounds.not_exact(f'resumed at round {r}: the replay table could not be '
+                              f'emptied ({type(e).__name__}: {e})', r)
+    missing = state['server']['missing']
+    if missing:
+      self.rounds.not_exact(f'resumed at round {r}: the server could not save its '
+                            f'{", ".join(missing)}', r)
+    if state['envs_missing']:
+      self.rounds.not_exact(f'resumed at round {r}: {state["envs_missing"]}', r)
+    self.monitor.progress.log_event(
+        f'resumed at round {r} (learner step {self.learner_steps}; rounds.jsonl keeps '
+        f'its {kept} records before it)' + ('' if self.rounds.exact_until_round is None
+                                           else ', not exact: ' +
+                                           self.rounds.not_exact_because))
+
+  def _save_round(self, round_index: int) -> None:
+    """A round checkpoint at round `round_index`'s start (from the round hook: acting
+    and learning both wait): the round state, then the TF checkpoint."""
+    blobs, why = self._env_snapshots.take(round_index)
+    learner_steps, metrics = self._learner_state()
+    state = {'round': round_index, 'learner_steps': learner_steps,
+             'metrics': dict(metrics), 'server': self.server.round_state(),
+             'learner': self.learner.resume_state(), 'envs': blobs, 'envs_missing': why}
+    started = time.monotonic()
+    self._round_checkpoints.write(round_index, state)
+    path = self._checkpointer.save(self._counters())
+    logging.info('Round %d checkpoint %s (%.2fs)%s', round_index, path,
+                 time.monotonic() - started, f'; not exact from it: {why}' if why else '')
+
+  # ---- a reproducible run's envs across a resume (`seedacme.run.resume`) ------------
+  def env_snapshot(self, *args) -> None:
+    """(round, env ids, blobs or None, why): an actor's envs at a checkpoint round's
+    first call (pickled, kept as bytes: never unpickled here), or why it has none."""
+    if len(args) not in (3, 4):
+      raise InvalidRequestError(f'env_snapshot takes (round, env_ids, blobs[, why]), '
+                                f'got {len(args)} arguments')
+    round_index, env_ids, blobs = args[:3]
+    why = args[3] if len(args) == 4 else None
+    if type(round_index) is not int or round_index < 1 or \
+        not isinstance(env_ids, (list, tuple)) or \
+        any(type(i) is not int for i in env_ids) or \
+        not (blobs is None or isinstance(blobs, (list, tuple))) or \
+        not (why is None or isinstance(why, str)):
+      raise InvalidRequestError('env_snapshot: expected (round >= 1, [env ids], [bytes] '
+                                'or None, why or None)')
+    if self._env_snapshots is not None:
+      try:
+        self._env_snapshots.offer(round_index, env_ids, blobs, why and why[:1000])
+      except ValueError as e:
+        raise InvalidRequestError(f'env_snapshot: {e}') from None
+
+  def resume_envs(self, *args) -> Dict[str, Any] | None:
+    """(env ids): for an actor starting, its envs' snapshots at the round this run
+    resumed at, if they were saved and none of them has been served since (else None:
+    it starts its envs anew, and a mid-run restart is recorded as one)."""
+    if len(args) != 1 or not isinstance(args[0], (list, tuple, np.ndarray)) or \
+        any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) for i in args[0]):
+      raise InvalidRequestError('resume_envs takes one list of env ids')
+    ids = np.asarray(args[0], np.int64)
+    if self.resumed_round is None or self.server is None or not ids.size or \
+        ids.min() < 0 or ids.max() >= self.rounds.num_envs or \
+        not self.server.restored_envs(ids).all() or \
+        any(int(i) not in self._resumed_envs for i in ids):
+      return None
+    self._envs_handed.update(ids.tolist())
+    return {'round': self.resumed_round,
+            'call': self.rounds.schedule.first_call(self.resumed_round),
+            'blobs': [self._resumed_envs[int(i)] for i in ids]}
 
   def _make_evaluation(self) -> EvalPasses:
     """A reproducible run's evaluator: a second copy of the policy (its variables
@@ -311,7 +429,8 @@ class CentralNode:
   # ---- the run -----------------------------------------------------------------------
   def _learner_state(self):
     loop = self.loop
-    return (loop.steps, loop.metrics) if loop is not None else (self.learner_steps, {})
+    return (loop.steps, loop.metrics) if loop is not None else \
+        (self.learner_steps, self._resumed_metrics)
 
   def _counters(self) -> Dict[str, int]:
     return {'learner_steps': self._learner_state()[0],
@@ -347,6 +466,7 @@ class CentralNode:
         steps=self.learner_steps,
         after_step=None if self._lagged else self._policy_sync, clock=self.clock,
         may_step=self._learner_may_step if self.rounds is not None else None)
+    loop.metrics = dict(self._resumed_metrics)  # a resumed round's record carries them
     if c.train:
       loop.start()
     next_progress = time.monotonic() + c.progress_interval_s
@@ -360,7 +480,9 @@ class CentralNode:
         if time.monotonic() >= next_progress or learner_ended:
           next_progress = time.monotonic() + c.progress_interval_s
           reason = self.monitor.report(loop.steps, loop.metrics)
-          if reason is None and self._checkpointer is not None:
+          # A reproducible run checkpoints at rounds only (`_on_round`).
+          if reason is None and self._checkpointer is not None and \
+              self._round_checkpoints is None:
             self._checkpointer.maybe_save(self._counters())
         if reason is None and self.server is not None and self.server.policy_error:
           reason = StopReason(StopKind.DIVERGED, detail=self.server.policy_error)
@@ -389,8 +511,21 @@ class CentralNode:
 
   def _on_round(self, round_index: int) -> StopReason | None:
     """The round gate's hook, at the start of round `round_index` (acting waits, the
-    learner has taken every earlier round): its record; a budget or target met."""
-    return self.monitor.round_record(round_index, *self._learner_state())
+    learner has taken every earlier round): its record; a budget or target met; every
+    `checkpoint_rounds` rounds and at the round the run ends, a round checkpoint."""
+    stop = self.monitor.round_record(round_index, *self._learner_state())
+    if round_index == self.resumed_round and self._resumed_envs:
+      # Every env's request is in: each must have come from its restored env.
+      fresh = sorted(set(range(self.rounds.num_envs)) - self._envs_handed)
+      if fresh:
+        self.rounds.not_exact(f'resumed at round {round_index}: envs {fresh[:16]} were '
+                              'started anew (their actors did not restore them)',
+                              round_index)
+    if self._round_checkpoints is not None and round_index > 0 and \
+        round_index != self.resumed_round and \
+        (round_index % self._config.checkpoint_rounds == 0 or stop is not None):
+      self._save_round(round_index)
+    return stop
 
   def _learner_may_step(self, steps: int, timeout_s: float) -> bool:
     """The learner loop's `may_step`: the round gate's (its wait ended by the run's end
@@ -465,7 +600,9 @@ class CentralNode:
                                             self.resumed_from, self._final_fields())
       logging.info('Central node finishing (%s): %s', self.summary['stopped_because'],
                    format_line(self.summary))
-      if self._checkpointer is not None and \
+      # A reproducible run saved its last round checkpoint at a round's start; a save
+      # mid-round would be a checkpoint no resume continues exactly from.
+      if self._checkpointer is not None and self._round_checkpoints is None and \
           reason.kind not in (StopKind.LEARNER_FAILED, StopKind.DIVERGED):
         self._checkpointer.save(self._counters())
       if self._config.export_policy and reason.is_budget:

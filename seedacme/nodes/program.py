@@ -122,12 +122,19 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
 
   # Env e's seed is the run seed's block + e on any split (engines add the slot);
   # the evaluator's envs have a range of their own (seedacme.run.schedule).
+  # A reproducible run's round checkpoints hold the envs: actors hand them in at each
+  # checkpoint round and take them back on an exact resume (seedacme.run.resume).
+  snapshots = {}
+  if config.reproducible and config.checkpoint_interval_s is not None and \
+      config.inference == 'central' and not getattr(config, 'reproducible_lag', 0):
+    snapshots = {'round_snapshots': (builder.config.unroll_length,
+                                     config.checkpoint_rounds)}
   with program.group('actor'):
     for i in range(config.num_actors):
       first = i * config.envs_per_actor
       program.add_node(actor_node(
           f'actor/{i}', actor_id=i, num_envs=config.envs_per_actor,
-          first_env_id=first, seed=train_env_seed(config.seed, first)))
+          first_env_id=first, seed=train_env_seed(config.seed, first), **snapshots))
   if config.num_eval_envs:
     with program.group('evaluator'):
       program.add_node(actor_node(

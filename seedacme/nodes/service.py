@@ -8,7 +8,8 @@ stand-in, and each method refuses arguments carrying one with an error naming it
 the arguments say is checked where they are used, each wrong field refused by name
 (`InvalidRequestError`): `step` by `seedacme.wire.protocol.validate_request`,
 `report_acting` by `seedacme.wire.reports.check_report` (in `ReportIntake`),
-`get_variables` by `check_variable_names`, `shm_offer`'s pid by `ShmServer.offer`.
+`get_variables` by `check_variable_names`, `shm_offer`'s pid by `ShmServer.offer`,
+`env_snapshot` and `resume_envs` by `CentralNode` (`seedacme.run.resume`).
 """
 
 from typing import Any
@@ -17,7 +18,8 @@ from seedacme.wire import courier_guard
 
 # The central node's Courier surface: what actors, the evaluator and launchers call.
 # Launchpad would serve every public method (`finish`, `shutdown`, `run`, ...).
-PUBLIC_METHODS = ('step', 'shm_offer', 'report_acting', 'get_variables', 'ping')
+PUBLIC_METHODS = ('step', 'shm_offer', 'report_acting', 'get_variables', 'ping',
+                  'env_snapshot', 'resume_envs')
 
 
 class CentralService:
@@ -47,6 +49,17 @@ class CentralService:
   def get_variables(self, names):
     names = courier_guard.accept(names, 'get_variables')
     return courier_guard.plain(self._node.get_variables(names))
+
+  def env_snapshot(self, *args):
+    """(round, env ids, blobs or None, why): an actor's envs at a checkpoint round
+    (`seedacme.run.resume`); the blobs are kept as bytes, never unpickled here."""
+    args = courier_guard.accept(args, 'env_snapshot')
+    return courier_guard.plain(self._node.env_snapshot(*args))
+
+  def resume_envs(self, *args):
+    """(env ids): those envs' snapshots for an exact resume, or None."""
+    args = courier_guard.accept(args, 'resume_envs')
+    return courier_guard.plain(self._node.resume_envs(*args))
 
   def ping(self, *args):
     """Answers at once: an actor whose call is long unanswered sends one, and on a

@@ -54,6 +54,18 @@ class EpisodeTracker:
     return Episodes(ended.astype(np.int64), self._return[ended].copy(),
                     self._length[ended].copy())
 
+  def state(self) -> Dict[str, np.ndarray]:
+    """Every env's episode in progress (a reproducible run's round checkpoint)."""
+    return {'return': self._return.copy(), 'length': self._length.copy()}
+
+  def load_state(self, state: Dict[str, np.ndarray]) -> None:
+    """Continues the episodes in progress of `state()` (same number of envs)."""
+    if np.shape(state['return']) != self._return.shape:
+      raise ValueError(f'episode state of {np.shape(state["return"])} envs; this tracker '
+                       f'follows {self._return.shape}')
+    self._return[:] = state['return']
+    self._length[:] = state['length']
+
 
 # Episodes the recent averages cover, per mode (the run monitor's targets and the
 # learning curves need the same windows).
@@ -131,6 +143,25 @@ class ActingLog:
     with self._lock:
       self._env_steps[Mode.TRAIN] = int(env_steps)
       self._episodes[Mode.TRAIN] = int(episodes)
+
+  def train_state(self) -> Dict[str, object]:
+    """The training counts and the recent returns and lengths (a reproducible run's
+    round checkpoint: its round records average over them)."""
+    with self._lock:
+      return {'env_steps': self._env_steps[Mode.TRAIN],
+              'episodes': self._episodes[Mode.TRAIN],
+              'returns': list(self._returns[Mode.TRAIN]),
+              'lengths': list(self._lengths[Mode.TRAIN])}
+
+  def load_train_state(self, state: Dict[str, object]) -> None:
+    """Continues from `train_state()`: counts and the averaging window."""
+    with self._lock:
+      self._env_steps[Mode.TRAIN] = int(state['env_steps'])
+      self._episodes[Mode.TRAIN] = int(state['episodes'])
+      for kept, values in ((self._returns, state['returns']),
+                           (self._lengths, state['lengths'])):
+        kept[Mode.TRAIN].clear()
+        kept[Mode.TRAIN].extend(values)
 
   def env_steps(self, mode: Mode = Mode.TRAIN) -> int:
     return self._env_steps[mode]

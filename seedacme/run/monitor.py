@@ -246,6 +246,25 @@ class RunMonitor:
       return StopReason(StopKind.TARGET, record['average_return'], c.target_return)
     return None
 
+  def keep_rounds_before(self, round_index: int) -> int:
+    """An exact resume at round `round_index` (`seedacme.run.resume`): rounds.jsonl
+    keeps the records before it (the killed run's later ones are written again, as
+    the uninterrupted run wrote them); how many it kept."""
+    fs = logdir_lib.filesystem(self._rounds_path)
+    kept = []
+    if fs.exists(self._rounds_path):
+      for line in fs.read(self._rounds_path).decode().splitlines(keepends=True):
+        try:
+          record = json.loads(line)
+        except ValueError:  # a line torn by the kill
+          continue
+        if isinstance(record, dict) and record.get('round', round_index) < round_index:
+          kept.append(line if line.endswith('\n') else line + '\n')
+    logdir_lib.write_atomic(self._rounds_path, ''.join(kept))
+    self._round_lines = kept
+    self._resumed = True
+    return len(kept)
+
   def eval_record(self, record: Dict[str, Any]) -> None:
     """Writes one evaluation pass of a reproducible run to evals.jsonl (its version,
     calls and returns: `seedacme.serving.evaluation`)."""

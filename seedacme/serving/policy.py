@@ -9,7 +9,7 @@ envs must start from the initial state (a FIRST step, or an actor restart).
 """
 
 import abc
-from typing import Dict, NamedTuple, Sequence
+from typing import Any, Dict, NamedTuple, Sequence
 
 import numpy as np
 from seedacme.types import Nest
@@ -50,6 +50,17 @@ class ServerPolicy(abc.ABC):
 
   def warm_up(self, batch_sizes: Sequence[int]) -> None:
     """Prepares (compiles) the batch step for these batch sizes before serving."""
+
+  def acting_state(self, env_ids: Sequence[int]) -> Dict[str, Any] | None:
+    """What these envs act from besides the weights -- recurrent state, the action
+    noise generator -- for a reproducible run's round checkpoint (None: this policy
+    cannot save it, and a resume from it is not exact)."""
+    del env_ids
+    return None
+
+  def load_acting_state(self, env_ids: Sequence[int], state: Dict[str, Any]) -> None:
+    """Continues from `acting_state(env_ids)`."""
+    raise NotImplementedError(f'{type(self).__name__} cannot load a saved acting state')
 
 
 class StatelessPolicy(ServerPolicy):

@@ -79,6 +79,13 @@ class RoundGate:
     """A resumed learner had `learner_steps`: this process's rounds count from there."""
     self._steps_at_start = int(learner_steps)
 
+  def continue_at(self, round_index: int) -> None:
+    """An exact resume (a round checkpoint of round `round_index`): the next batch is
+    that round's first call, and rounds count as in the run that saved it."""
+    self._steps_at_start = 0
+    self.calls = self.schedule.first_call(round_index)
+    self.round = round_index - 1
+
   @property
   def num_envs(self) -> int:
     return self.schedule.num_envs

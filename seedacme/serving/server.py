@@ -29,8 +29,14 @@ weights of its pass, a copy) outside the batcher, one at a time: it may wait for
 pass's round without holding up a training batch, and a round's start may wait for it
 without holding up the evaluator.
 
-Why ~400 lines: the batch step's six stages (above), its refusal paths and the
-round gate's ordering are one pipeline over one batcher.
+A reproducible run's round checkpoints save and restore what serving the training
+envs goes on from (`round_state`, `restore_round_state`: the gate's call count, the
+policy's acting state, the partial unrolls, the episodes in progress and the training
+counts; `seedacme.run.resume`); restored envs take their actors' new run ids without
+starting over.
+
+Why ~550 lines: the batch step's six stages (above), its refusal paths, the round
+gate's ordering and the round state are one pipeline over one batcher.
 """
 
 import threading
@@ -49,6 +55,11 @@ from seedacme.serving.policy import ServerPolicy
 from seedacme.serving.rounds import RoundGate
 from seedacme.types import FIRST, LAST, EnvSpec, Episodes, InvalidActionError, Mode
 from seedacme.wire import protocol
+
+
+# A training env's run id after a round checkpoint was restored: its actor's next run
+# id is taken without starting the env over (`restore_round_state`).
+RESTORED = -2
 
 
 class InferenceServer:
@@ -408,8 +419,13 @@ class InferenceServer:
   def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
     """Bool mask of the envs whose run id changed (their actor restarted): their state
     starts over and their partial trajectories are dropped (with a round gate they are
-    kept, so that rounds stay aligned, and the run is recorded as no longer exact)."""
+    kept, so that rounds stay aligned, and the run is recorded as no longer exact).
+    Envs restored from a round checkpoint take their actor's run id as it comes."""
     changed = self._run_ids[env_ids] != run_ids
+    adopted = changed & (self._run_ids[env_ids] == RESTORED)
+    if adopted.any():
+      self._run_ids[env_ids[adopted]] = run_ids[adopted]
+      changed &= ~adopted
     if not changed.any():
       return changed
     restarted = env_ids[changed]
@@ -443,6 +459,46 @@ class InferenceServer:
       ended_eval = eval_mask[step_type == LAST]
       for mode, pick in ((Mode.TRAIN, ~ended_eval), (Mode.EVAL, ended_eval)):
         self.acting.add_episodes(mode, Episodes(*(x[pick] for x in finished)))
+
+  def round_state(self) -> Dict[str, Any]:
+    """What serving the training envs goes on from, at a reproducible round's start
+    (from the round hook: no batch in flight, the learner idle): the gate's call count,
+    the policy's acting state (recurrent state, noise generator), the partial unrolls,
+    the episodes in progress and the training counts. A part that cannot be saved is
+    None there, named in `missing`."""
+    gate = self.rounds
+    ids = np.arange(gate.num_envs)
+    state = {'calls': gate.calls, 'round': gate.schedule.round_of(gate.calls),
+             'policy': self._policy.acting_state(ids),
+             'sink': self._sink.state() if self._sink is not None else None,
+             'episodes': self._episodes.state() if self._episodes is not None else None,
+             'acting': self.acting.train_state() if self.acting is not None else None}
+    state['missing'] = [k for k in ('policy', 'sink', 'episodes', 'acting')
+                        if state[k] is None and not (k == 'sink' and self._sink is None)
+                        and not (k in ('episodes', 'acting') and self.acting is None)]
+    return state
+
+  def restore_round_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `round_state()` (before serving starts): the gate at its round's
+    first call, and every training env's state as it was; the envs take their actors'
+    new run ids without starting over (`RESTORED`)."""
+    gate = self.rounds
+    ids = np.arange(gate.num_envs)
+    if state['policy'] is not None:
+      self._policy.load_acting_state(ids, state['policy'])
+    if state['sink'] is not None and self._sink is not None:
+      self._sink.load_state(state['sink'])
+    if state['episodes'] is not None and self._episodes is not None:
+      self._episodes.load_state(state['episodes'])
+    if state['acting'] is not None and self.acting is not None:
+      self.acting.load_train_state(state['acting'])
+    gate.continue_at(state['round'])
+    self._run_ids[ids] = RESTORED
+
+  def restored_envs(self, env_ids: np.ndarray) -> np.ndarray:
+    """Which of these envs were restored from a round checkpoint and have not been
+    served since (their actor may restore its envs: `CentralNode.resume_envs`)."""
+    return self._run_ids[np.asarray(env_ids, np.int64)] == RESTORED
 
   def state_of(self, env_ids) -> Any:
     """The stored recurrent state of these envs (the policy's device table; the

@@ -254,6 +254,19 @@ class TFServerPolicy(ServerPolicy, abc.ABC):
     ids = np.asarray(env_ids, np.int32)
     return tree.map_structure(lambda v: tf.gather(v, ids).numpy(), self._table)
 
+  def acting_state(self, env_ids: Sequence[int]) -> Dict[str, object]:
+    """These envs' recurrent state and the noise generator's state (host copies)."""
+    return {'state': self.state_of(env_ids), 'noise': self._rng.state.numpy().copy()}
+
+  def load_acting_state(self, env_ids: Sequence[int], state: Dict[str, object]) -> None:
+    """Puts back `acting_state(env_ids)`: the envs' rows of the state table and the
+    noise generator (between batches)."""
+    ids = np.asarray(env_ids, np.int32)[:, None]
+    with tf.device(self.device):
+      for var, value in zip(tree.flatten(self._table), tree.flatten(state['state'])):
+        var.scatter_nd_update(ids, tf.constant(value, var.dtype))
+      self._rng.state.assign(state['noise'])
+
   def initial_state(self, batch_size: int) -> Nest:
     """The initial recurrent state of `batch_size` envs (numpy)."""
     return tree.map_structure(lambda x: np.repeat(x.numpy(), batch_size, axis=0),

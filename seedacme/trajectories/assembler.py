@@ -12,7 +12,7 @@ masks the step that crosses. `reset(env_ids)` drops a partial buffer, which the 
 does when an actor restarts (new run id).
 """
 
-from typing import Callable, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 import tree
@@ -51,6 +51,39 @@ class SequenceAssembler:
     self._buffers = [
         np.zeros((self._num_envs, self._length) + leaf.shape[1:], leaf.dtype)
         for leaf in tree.flatten(step)]
+
+  def state(self) -> Dict[str, Any]:
+    """The partial sequences (each env's steps not yet emitted; at a reproducible
+    round's start, the step the next unroll starts with) and the counters: what
+    `load_state` continues from."""
+    keep = int(self._count.max()) if self._count.size else 0
+    steps = None
+    if self._structure is not None:
+      steps = tree.unflatten_as(self._structure,
+                                [buf[:, :keep].copy() for buf in self._buffers])
+    return {'count': self._count.copy(), 'steps': steps,
+            'sequences_emitted': self.sequences_emitted}
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()` of an assembler of the same shape."""
+    count = np.asarray(state['count'], np.int64)
+    if count.shape != self._count.shape or (count > self._length).any():
+      raise ValueError(f'assembler state for {count.shape} envs of up to '
+                       f'{count.max(initial=0)} steps; this one holds {self._num_envs} '
+                       f'envs of {self._length}')
+    self._count = count.copy()
+    self.sequences_emitted = int(state['sequences_emitted'])
+    steps = state['steps']
+    if steps is None:
+      self._structure, self._buffers = None, []
+      return
+    self._structure = steps
+    self._buffers = []
+    for leaf in tree.flatten(steps):
+      leaf = np.asarray(leaf)
+      buf = np.zeros((self._num_envs, self._length) + leaf.shape[2:], leaf.dtype)
+      buf[:, :leaf.shape[1]] = leaf
+      self._buffers.append(buf)
 
   def reset(self, env_ids: Sequence[int]) -> None:
     """Drops the partial sequences of these envs."""

@@ -35,6 +35,15 @@ class TrajectorySink(abc.ABC):
   def close(self) -> None:
     """Stops background work."""
 
+  def state(self) -> Dict[str, Any] | None:
+    """The partial trajectories, for a reproducible run's round checkpoint (None: this
+    sink cannot save them, and a resume from it is not exact)."""
+    return None
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()`."""
+    raise NotImplementedError(f'{type(self).__name__} cannot load a saved state')
+
 
 class ReverbSequenceSink(TrajectorySink):
   """`TrajectorySink` that assembles fixed-length sequences and writes them to Reverb."""
@@ -51,6 +60,12 @@ class ReverbSequenceSink(TrajectorySink):
 
   def reset(self, env_ids) -> None:
     self.assembler.reset(env_ids)
+
+  def state(self) -> Dict[str, Any]:
+    return self.assembler.state()
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    self.assembler.load_state(state)
 
   def stats(self) -> Dict[str, float]:
     return {'sequences': self.assembler.sequences_emitted,

@@ -6,6 +6,7 @@ import threading
 import numpy as np
 
 from seedacme.actor.engines import BatchedEnv
+from seedacme.run.resume import ActorSnapshots
 from seedacme.wire.protocol import make_request
 
 
@@ -14,22 +15,33 @@ class InProcessActor(threading.Thread):
   in-process; it ends when told to stop or when the server says it is shutting down (a
   reproducible run's budget met at a round's start)."""
 
-  def __init__(self, central, factory, first_env_id, num_envs, stop, mode=None):
+  def __init__(self, central, factory, first_env_id, num_envs, stop, mode=None,
+               snapshots=None):
+    """`snapshots`: (unroll length, checkpoint_rounds) of a reproducible run with
+    round checkpoints: the envs are handed in at checkpoint rounds and restored on a
+    resume, as `EnvActor` does (`seedacme.run.resume.ActorSnapshots`)."""
     super().__init__(daemon=True)
     self.central, self.stop, self.mode = central, stop, mode
     self.envs = BatchedEnv(factory, num_envs, seed=first_env_id)
     self.env_ids = np.arange(first_env_id, first_env_id + num_envs)
+    self.snapshots = None if snapshots is None else ActorSnapshots(
+        self.env_ids, *snapshots, send=central.env_snapshot, fetch=central.resume_envs)
     self.steps = 0
     self.error = None
 
   def run(self):
     try:
-      ts = self.envs.reset()
+      restored = None
+      if self.snapshots is not None:
+        self.steps, restored = self.snapshots.resume(self.envs)
+      ts = restored if restored is not None else self.envs.reset()
       while not self.stop.is_set():
+        if self.snapshots is not None:
+          self.snapshots.maybe_save(self.steps, self.envs)
         mode = () if self.mode is None else (self.mode,)
         reply = self.central.step(make_request(
-            self.env_ids, np.full(len(self.env_ids), 1), ts.observation, ts.reward,
-            ts.discount, ts.step_type, *mode))
+            self.env_ids, np.full(len(self.env_ids), 1), ts.observation,
+            ts.reward, ts.discount, ts.step_type, *mode))
         if 'shutting_down' in reply:
           return
         ts = self.envs.step(reply['action'])

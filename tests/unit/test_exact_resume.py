@@ -1,0 +1,145 @@
+"""A reproducible run killed after a round checkpoint and resumed is the uninterrupted
+run from that checkpoint on (issue 63 Deliver 3, `seedacme.run.resume`).
+
+In process (`make_central`): run A goes to `STEPS` learner steps without a stop; run
+B, same seed and config with a round checkpoint every `EVERY` rounds, is stopped in
+the middle of a later round (its stop event, as a signal would: no checkpoint is
+written at the stop), then a new central node, a new Reverb server and new actors
+resume from B's logdir and go on to `STEPS`. B's rounds.jsonl and final weights hash
+must be A's. And an env that cannot be pickled: the resume says from which round it is
+no longer exact.
+"""
+
+import functools
+import json
+import pickle
+import re
+import threading
+import time
+
+import pytest
+
+from seedacme.agents import ppo, registry, vtrace
+from tests.unit.in_process import InProcessActor
+
+STEPS = 20  # learner steps: one per round for V-trace Catch (16 envs, batch 16)
+EVERY = 5  # checkpoint_rounds of run B
+
+
+def _vtrace_catch():
+  return vtrace.VTraceBuilder(registry.make_config('vtrace', 'catch', batch_size=16,
+                                                   unroll_length=10, seed=3))
+
+
+def _ppo_cartpole():
+  return ppo.PPOBuilder(registry.make_config('ppo', 'cartpole', unroll_length=16, seed=3))
+
+
+def _rounds(logdir):
+  with open(logdir / 'rounds.jsonl') as f:
+    return [json.loads(line) for line in f]
+
+
+def _start(make_central, builder, env, logdir, actor=InProcessActor, steps=STEPS,
+           checkpoints=True):
+  central, _, actors, _ = make_central(
+      builder, env, 2, 8, reproducible=True, max_learner_steps=steps,
+      checkpoint_interval_s=3600.0 if checkpoints else None, checkpoint_rounds=EVERY,
+      export_policy=False, logdir=str(logdir), progress_interval_s=1.0, seed=3,
+      actor=functools.partial(actor, snapshots=(builder.config.unroll_length, EVERY)))
+  for a in actors:
+    a.start()
+  return central, actors
+
+
+def _run_to_end(make_central, builder_fn, env, logdir, **kwargs):
+  """A run (or a resume) to `STEPS`: (round records, summary, resumed round)."""
+  central, actors = _start(make_central, builder_fn(), env, logdir, **kwargs)
+  central.run()
+  assert all(a.error is None for a in actors), [a.error for a in actors]
+  return _rounds(logdir), central.summary, central.resumed_round
+
+
+def _killed_after_round(make_central, builder_fn, env, logdir, after_round, **kwargs):
+  """Run B, stopped by its stop event once round `after_round` has started."""
+  central, actors = _start(make_central, builder_fn(), env, logdir, **kwargs)
+  deadline = time.monotonic() + 120
+  stopper = actors[0].stop
+
+  def watch():
+    while central.rounds.round < after_round and time.monotonic() < deadline:
+      time.sleep(0.01)
+    stopper.set()
+  threading.Thread(target=watch, daemon=True).start()
+  central.run()
+  assert central.rounds.round >= after_round
+  return central.summary
+
+
+def _check_resume(make_central, tmp_path, builder_fn, env):
+  """A uninterrupted; B stopped two rounds after its checkpoint at round 2 * EVERY,
+  then resumed: B's records and weights are A's."""
+  whole, summary_a, _ = _run_to_end(make_central, builder_fn, env, tmp_path / 'a',
+                                    checkpoints=False)
+  assert summary_a['exact_until_round'] is None, summary_a['not_exact_because']
+  assert [r['round'] for r in whole] == list(range(STEPS + 1))
+  b = tmp_path / 'b'
+  killed = _killed_after_round(make_central, builder_fn, env, b, 2 * EVERY + 2)
+  assert killed['stop']['kind'] == 'stop_requested', killed['stopped_because']
+  written = _rounds(b)
+  assert written[-1]['round'] >= 2 * EVERY + 2  # records past the checkpoint
+  assert written == whole[:len(written)]
+  resumed, summary_b, at = _run_to_end(make_central, builder_fn, env, b)
+  assert at == 2 * EVERY  # the last round checkpoint before the stop
+  assert summary_b['exact_until_round'] is None, summary_b['not_exact_because']
+  assert summary_b['stop']['kind'] == 'learner_steps', summary_b['stopped_because']
+  assert resumed == whole
+  assert summary_b['weights_sha256'] == summary_a['weights_sha256']
+  with open(b / 'checkpoints' / 'rounds' / f'round-{2 * EVERY}.pkl', 'rb') as f:
+    saved = pickle.load(f)
+  assert sorted(saved['envs']) == list(range(16)) and saved['envs_missing'] is None
+  return summary_b
+
+
+@pytest.mark.timeout(240)
+def test_vtrace_catch_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
+    make_central, tmp_path):
+  _check_resume(make_central, tmp_path, _vtrace_catch, 'catch')
+
+
+@pytest.mark.timeout(240)
+def test_ppo_cartpole_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
+    make_central, tmp_path):
+  _check_resume(make_central, tmp_path, _ppo_cartpole, 'cartpole')
+
+
+class UnpicklableActor(InProcessActor):
+  """An actor whose first env holds a lock: it does not pickle."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.envs._envs[0].lock = threading.Lock()  # pylint: disable=protected-access
+
+
+class ForgetfulActor(InProcessActor):
+  """An actor that starts its envs anew on a resume (it never asks for them)."""
+
+  def __init__(self, *args, snapshots=None, **kwargs):
+    del snapshots
+    super().__init__(*args, **kwargs)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize('first, then, why', [
+    (UnpicklableActor, InProcessActor, r'envs (0\.\.7|8\.\.15): env 0 \(Catch\) cannot be pickled'),
+    (InProcessActor, ForgetfulActor, r'envs \[0, 1, .*\] were started anew')])
+def test_a_resume_without_every_env_is_recorded_as_not_exact(make_central, tmp_path,
+                                                            first, then, why):
+  killed = _killed_after_round(make_central, _vtrace_catch, 'catch', tmp_path,
+                               EVERY + 1, actor=first)
+  assert killed['exact_until_round'] is None, killed['not_exact_because']
+  _, summary, at = _run_to_end(make_central, _vtrace_catch, 'catch', tmp_path,
+                               actor=then)
+  assert at == EVERY
+  assert summary['exact_until_round'] == EVERY, summary
+  assert re.search(why, summary['not_exact_because']), summary['not_exact_because']
