@@ -11,6 +11,7 @@ arithmetic of which calls are checkpoint rounds' first.
 import pickle
 import threading
 
+import gymnasium
 import numpy as np
 import pytest
 import tree
@@ -18,6 +19,7 @@ import tree
 from seedacme import envs
 from seedacme.actor.engines import BatchedEnv, EnvSnapshotError, Lockstep
 from seedacme.agents import registry, vtrace
+from seedacme.envs.gym_adapter import GymnasiumEnv
 from seedacme.run.accounting import ActingLog, EpisodeTracker
 from seedacme.run.resume import (ActorSnapshots, EnvSnapshots, RoundCheckpoints,
                                  checkpoint_round)
@@ -220,14 +222,18 @@ def test_a_policy_without_acting_state_is_named_as_missing():
   assert server.round_state()['missing'] == ['policy']
 
 
-@pytest.mark.parametrize('env', ['catch', 'cartpole'])
+@pytest.mark.parametrize('env', ['catch', 'cartpole', 'mujoco'])
 def test_batched_env_snapshot_continues_the_same_episodes(env):
+  if env == 'mujoco':
+    pytest.importorskip('mujoco')
   factory = envs.make_factory(env)
   a = BatchedEnv(factory, 3, seed=11)
   spec = a.spec
   rng = np.random.default_rng(2)
 
   def actions():
+    if spec.continuous:  # Hopper-v5: it falls within tens of steps, then resets
+      return rng.uniform(-1, 1, (3,) + tuple(spec.action_shape)).astype(np.float32)
     return rng.integers(0, spec.num_actions, size=3).astype(np.int32)
   a.reset()
   for _ in range(25):  # episodes end and restart on the way
@@ -255,6 +261,30 @@ class _Unpicklable:
 
   def __getattr__(self, name):
     return getattr(self.inner, name)
+
+
+class _ByArguments(gymnasium.Env, gymnasium.utils.EzPickle):
+  """A gymnasium env that pickles by its constructor arguments (its state would be
+  lost)."""
+  observation_space = gymnasium.spaces.Box(-1, 1, (2,), np.float32)
+  action_space = gymnasium.spaces.Discrete(2)
+
+  def __init__(self):
+    gymnasium.utils.EzPickle.__init__(self)
+
+  def reset(self, seed=None, options=None):
+    super().reset(seed=seed)
+    return np.zeros(2, np.float32), {}
+
+  def step(self, action):
+    return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_an_env_that_pickles_by_its_arguments_is_refused_by_name():
+  engine = BatchedEnv(lambda seed: GymnasiumEnv(_ByArguments(), seed=seed), 2)
+  engine.reset()
+  with pytest.raises(EnvSnapshotError, match=r'_ByArguments pickles by its constructor'):
+    engine.snapshot()
 
 
 def test_an_env_that_does_not_pickle_is_named():
