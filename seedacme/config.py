@@ -282,8 +282,8 @@ class ProgramConfig:
   def check_reproducible(self, builder: Any = None, env_factory: Any = None) -> None:
     """Refuses by name what the reproducible schedule cannot run yet: actor-side
     inference, several learner devices, an agent without a round schedule (the
-    builder's `round_schedule`: R2D2's prioritized replay, issue 63; a learner batch that
-    does not divide the training envs), and a half-batch engine for the actors or the
+    builder's `round_schedule`: an off-policy agent without `samples_per_insert`; a
+    learner batch that does not divide the training envs), and a half-batch engine for the actors or the
     evaluator (Atari's 'vector_async' sends half of an actor's envs per request, and a
     round needs every env's request before it is served: the actor would wait forever;
     an evaluation pass, every evaluator env's), and an evaluator on a clock

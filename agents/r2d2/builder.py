@@ -1,5 +1,12 @@
 """R2D2's builder: a prioritized Reverb table of overlapping sequences, per-env
-epsilon-greedy on the server, the R2D2 learner with priority updates."""
+epsilon-greedy on the server, the R2D2 learner with priority updates.
+
+A reproducible run (`ProgramConfig.reproducible`) replaces the Reverb table by an
+in-process replay sampled in proportion to priority^`priority_exponent` by a seeded
+generator, the learner's new priorities set there after each step, before the next
+sample (`seedacme.trajectories.local_replay`: Reverb 0.7's samplers cannot be
+seeded); rounds are whole `period`s, their learner steps fixed by `samples_per_insert`.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ learning = lazy.load('seedacme.agents.r2d2.learning')
 networks = lazy.load('seedacme.agents.r2d2.networks')
 priorities = lazy.load('seedacme.agents.r2d2.priorities')
 datasets = lazy.load('seedacme.trajectories.datasets')
+local_replay = lazy.load('seedacme.trajectories.local_replay')
 
 
 
@@ -42,24 +50,30 @@ class R2D2Builder(builder_lib.SeedBuilder):
   multi_device_learner = True
   table = 'r2d2_sequences'
 
+  schedule = None  # reproducible runs: set by the central node (`round_schedule`)
+
   def __init__(self, config: R2D2Config = R2D2Config()):
     self.config = config
+    self._local_replay = None  # a reproducible run's replay (made with the sink)
 
   def replay_capacity(self) -> Tuple[int, int]:
     return self.config.replay_size, self.config.sequence_length
 
   def round_schedule(self, num_train_envs: int, lag: int = 0):
-    """None yet: refused by name (`ProgramConfig.check_reproducible`)."""
-    del num_train_envs, lag
-    raise ValueError(
-        "agent 'r2d2' has no reproducible schedule: not yet: issue 63 Deliver 2: its "
-        'replay is a prioritized Reverb table, and Reverb 0.7\'s samplers cannot be '
-        'seeded (their generator is '
-        'internal to the server: google-deepmind/reverb#25), so which sequences a '
-        'learner step gets, and so its priority updates, depend on the server\'s '
-        'threads; the in-process replay a reproducible run uses instead '
-        '(seedacme/trajectories/local_replay.py) samples uniformly (SAC) and has no '
-        'proportional sampling with priority updates yet')
+    """Rounds whose learner steps `samples_per_insert` fixes (a round is whole periods
+    of sequences), learning from the round the replay holds `min_replay_size`
+    sequences (`ReplayRoundSchedule`)."""
+    c = self.config
+    return local_replay.ReplayRoundSchedule(
+        num_train_envs, c.samples_per_insert, c.batch_size, c.sgd_steps_per_sample,
+        c.sequence_length, c.min_replay_size, lag=lag, item_period=c.period)
+
+  def local_replay(self):
+    """The in-process replay of a reproducible run (one per builder: the sink writes
+    it, the learner samples it)."""
+    if self._local_replay is None:
+      self._local_replay = local_replay.LocalReplay(self.config.replay_size)
+    return self._local_replay
 
   @property
   def replay_checkpoint_interval_s(self) -> float | None:
@@ -127,6 +141,10 @@ class R2D2Builder(builder_lib.SeedBuilder):
   def make_trajectory_sink(self, replay_client, num_envs: int,
                            spec: EnvSpec) -> ReverbSequenceSink:
     del spec
+    if self.schedule is not None:
+      return local_replay.LocalReplaySink(
+          self.local_replay(), num_envs, length=self.config.sequence_length,
+          period=self.config.period, to_items=self._to_items)
     return ReverbSequenceSink(
         replay_client, self.table, num_envs, length=self.config.sequence_length,
         period=self.config.period, to_items=self._to_items)
@@ -136,8 +154,18 @@ class R2D2Builder(builder_lib.SeedBuilder):
 
   def make_learner(self, networks_: R2D2Networks, replay_client,
                    spec: EnvSpec) -> learning.R2D2Learner:
-    batches = datasets.ReverbBatches(replay_client.server_address, self.table,
-                            self.config.sample_size, with_info=True)
-    return learning.R2D2Learner(networks_.online, networks_.target, self.config, batches,
-                                replay_client, self.table,
-                                item_signature=self.item_signature(spec))
+    c = self.config
+    if self.schedule is not None:  # prioritized sampling in process, priorities set there
+      batches = local_replay.LocalReplayBatches(
+          self.local_replay(), self.schedule, c.seed, c.sample_size,
+          priority_exponent=c.priority_exponent, signature=self.item_signature(spec))
+      replay_client = None
+    else:
+      batches = datasets.ReverbBatches(replay_client.server_address, self.table,
+                                       c.sample_size, with_info=True)
+    learner = learning.R2D2Learner(networks_.online, networks_.target, c, batches,
+                                   replay_client, self.table,
+                                   item_signature=self.item_signature(spec))
+    if self.schedule is not None:  # step j samples with the generator keyed by j
+      batches.steps_done = lambda: int(learner.num_steps.numpy())
+    return learner

@@ -146,7 +146,10 @@ class R2D2Learner(Learner):
              fused.slices(self.steps_per_call, batch, weights)]
     priorities = np.concatenate([p.numpy() for p, _ in steps])
     metrics = fused.mean_metrics([m for _, m in steps])
-    if self._client is not None:
+    local = getattr(self._batches, 'update_priorities', None)
+    if local is not None:  # a reproducible run's in-process replay: set before the next sample
+      self.priority_updates += local(info.key.numpy(), priorities)
+    elif self._client is not None:
       self._write_priorities(info.key.numpy(), priorities)
     period = self._config.target_update_period
     if int(self.num_steps.numpy()) // period > before // period:

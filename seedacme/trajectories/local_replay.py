@@ -5,17 +5,17 @@ Why not Reverb. A reproducible run is a function of its seed (`seedacme.run.sche
 and Reverb 0.7's samplers cannot be seeded: their generator is internal to the server
 (google-deepmind/reverb#25: "not something we currently support"), and which items a
 uniform or prioritized table hands out also depends on when its sampler threads run.
-So in a reproducible run the items go to `LocalReplay` instead, in the process where
-inference writes them and the learner reads them (the central node), and the learner
-samples from it with numpy's generator keyed by (run seed, learner step). The replay
+So in a reproducible run of SAC or R2D2 the items go to `LocalReplay` instead, in the
+process where inference writes them and the learner reads them (the central node), and
+the learner samples from it with numpy's generator keyed by (run seed, learner step). The replay
 node still starts (the program is the same) and its table stays empty: its size in
 progress lines is 0, and its checkpoints hold nothing of the run.
 
 The schedule (`ReplayRoundSchedule`). Acting goes in rounds as for V-trace (the same
-round gate): a round is T calls of every training env, each call adds one item per env
-(items of n + 1 steps, period 1: SAC's transitions), so each round adds N * T items.
-The agent's samples-per-insert ratio s fixes the learner steps per round,
-k = s * N * T / B (B items per step); T is the smallest round length that makes k a
+round gate): a round is T calls of every training env; each env ends an item every P
+calls (SAC's transitions: P = 1; R2D2's sequences: its `period`, T a multiple of P), so
+each round adds N * T / P items. The agent's samples-per-insert ratio s fixes the
+learner steps per round, k = s * N * T / (P * B) (B items per step); T is the smallest round length that makes k a
 whole number of learner calls (`sgd_steps_per_sample` steps each). Learning starts
 once the replay holds `min_replay_size` items: after round W. So round r acts after
 S(r) = k * max(0, r - lag - W) steps, a function of r, and the k steps between rounds
@@ -26,13 +26,22 @@ The items. The server hands the sink each call of every training env in env-id o
 of the envs, and the sink notes how many there were after each call. Learner step j's
 sample is drawn from the items as they stood at the end of its round's last call -- the
 newest `replay_size` of them (FIFO eviction, as the Reverb table's) -- by
-`numpy.random.default_rng((seed, DOMAIN, j))`, uniformly, with replacement. Items a
-lagged schedule's later rounds add meanwhile are not in that window, and a sample waits
-until its window is complete, so neither the load nor the thread timing moves it.
+`numpy.random.default_rng((seed, DOMAIN, j))`, with replacement: uniformly (SAC), or
+in proportion to priority^a (R2D2's `priority_exponent`, as Reverb's `Prioritized(a)`),
+handing the learner each item's probability and the window's size for its importance
+weights. Priorities start as the sink's (R2D2: the server's estimate from the Q-values
+it acted with) and the learner sets its new ones after its step, before its next draw:
+in learner-step order. Items a lagged schedule's later rounds add meanwhile are not in
+that window, and a sample waits until its window is complete, so neither the load nor
+the thread timing moves it.
 
 What is not kept. The replay is not saved with a round checkpoint (the sink's `state`
 is None: the server names it missing, and a resume from it is recorded as not exact
 from its round on); nor by the replay node, which never sees these items.
+
+Why ~350 lines: the schedule, the replay, its sink and its sampler are one contract
+(the schedule's windows are what the sink's call counts and the sampler's draws refer
+to); apart, each would restate the others' arithmetic.
 
 Numpy, the standard library and the sink's assembler; TensorFlow only to hand batches
 to the learner.
@@ -42,7 +51,7 @@ import collections
 import fractions
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Tuple
 
 import numpy as np
 import tree
@@ -62,15 +71,21 @@ class ReplayRoundSchedule(RoundSchedule):
   call arithmetic."""
 
   def __init__(self, num_envs: int, samples_per_insert: float | None, batch_size: int,
-               steps_per_call: int, item_steps: int, min_items: int, lag: int = 0):
+               steps_per_call: int, item_steps: int, min_items: int, lag: int = 0,
+               item_period: int = 1):
     if samples_per_insert is None or not samples_per_insert > 0:
       raise ValueError(
           f'samples_per_insert={samples_per_insert}: a reproducible run fixes the learner '
-          'steps per round by the samples-per-insert ratio; set one > 0')
+          'steps per round by the samples-per-insert ratio; set one > 0 (--agent_config '
+          'samples_per_insert=...)')
+    if not 1 <= item_period <= item_steps:
+      raise ValueError(f'need 1 <= item_period <= item_steps, got {item_period}, '
+                       f'{item_steps}')
     ratio = fractions.Fraction(samples_per_insert).limit_denominator(10**6)
-    # Learner calls per call of every env: ratio * N / (B * steps_per_call).
-    per_call = ratio * num_envs / (batch_size * steps_per_call)
-    length = per_call.denominator
+    # Learner calls per call of every env: ratio * N / (P * B * steps_per_call), each
+    # env ending an item every P calls; a round is a whole number of periods.
+    per_call = ratio * num_envs / (item_period * batch_size * steps_per_call)
+    length = item_period * (per_call * item_period).denominator
     if length > MAX_ROUND_LENGTH:
       raise ValueError(
           f'samples_per_insert={samples_per_insert} with {num_envs} training envs and '
@@ -81,7 +96,7 @@ class ReplayRoundSchedule(RoundSchedule):
     super().__init__(num_envs, length, 1, lag=lag)
     self.batch_size = int(batch_size)
     self.samples_per_insert = float(samples_per_insert)
-    self.item_steps = int(item_steps)
+    self.item_steps, self.item_period = int(item_steps), int(item_period)
     self.steps_per_round = int(per_call * length) * int(steps_per_call)
     self.min_items = max(int(min_items), int(batch_size) * int(steps_per_call))
     self.warm_up_rounds = 0  # W: the first round after which the replay holds min_items
@@ -94,10 +109,13 @@ class ReplayRoundSchedule(RoundSchedule):
             f'warm_up_rounds={self.warm_up_rounds}, lag={self.lag})')
 
   def items_through(self, round_index: int) -> int:
-    """Items the replay holds at the end of round `round_index` (none evicted): every
-    env's calls 0 .. last_call, less the first n, each end one item."""
+    """Items the replay holds at the end of round `round_index` (none evicted): each
+    env's first item ends at its call `item_steps` - 1, and one more every
+    `item_period` calls."""
     calls = self.last_call(round_index) + 1
-    return self.num_envs * max(0, calls - self.item_steps + 1)
+    if calls < self.item_steps:
+      return 0
+    return self.num_envs * ((calls - self.item_steps) // self.item_period + 1)
 
   def learner_steps_for(self, round_index: int) -> int:
     if round_index < 0:
@@ -115,8 +133,8 @@ class ReplayRoundSchedule(RoundSchedule):
 
 
 class LocalReplay:
-  """Items in insertion order (the sink's), the item count after every call, and
-  windows of the newest `capacity` items as they stood after a call."""
+  """Items in insertion order (the sink's) with their priorities, the item count after
+  every call, and windows of the newest `capacity` items as they stood after a call."""
 
   def __init__(self, capacity: int):
     if capacity < 1:
@@ -127,6 +145,10 @@ class LocalReplay:
     self._first = 0  # the index of `_items[0]` (older ones are dropped)
     self._count = 0  # items added in all
     self._after_call: List[int] = []  # items added in all after each call
+    # Priorities of items `_base` .. `_count` - 1 (`_base` <= `_first`: compacted now
+    # and then, not at every drop).
+    self._priorities = np.zeros(1024, np.float64)
+    self._base = 0
     self._closed = False
 
   @property
@@ -139,9 +161,18 @@ class LocalReplay:
     with self._condition:
       return min(self._count, self.capacity)
 
-  def add_call(self, items: List[Any]) -> None:
-    """The items one call of every training env made (env-id order)."""
+  def add_call(self, items: List[Any], priorities: Any = None) -> None:
+    """The items one call of every training env made (env-id order), with their
+    priorities (default 1)."""
+    priorities = np.ones(len(items)) if priorities is None else \
+        np.asarray(priorities, np.float64)
     with self._condition:
+      stored = self._count - self._base
+      if stored + len(items) > self._priorities.size:
+        grown = np.zeros(2 * (stored + len(items)), np.float64)
+        grown[:stored] = self._priorities[:stored]
+        self._priorities = grown
+      self._priorities[stored:stored + len(items)] = priorities
       self._items.extend(items)
       self._count += len(items)
       self._after_call.append(self._count)
@@ -165,6 +196,22 @@ class LocalReplay:
       end = self._after_call[call]
       return max(0, end - self.capacity), end
 
+  def priorities(self, first: int, end: int) -> np.ndarray:
+    """A copy of the priorities of items `first` .. `end` - 1 (still kept)."""
+    with self._condition:
+      if first < self._first:
+        raise RuntimeError(f'replay item {first} was dropped (kept from {self._first})')
+      return self._priorities[first - self._base:end - self._base].copy()
+
+  def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+    """Sets the priorities of items `keys` in order (a key twice: the last wins);
+    items dropped meanwhile are skipped. The number set."""
+    keys = np.asarray(keys, np.int64)
+    with self._condition:
+      keep = (keys >= self._first) & (keys < self._count)
+      self._priorities[keys[keep] - self._base] = np.asarray(priorities, np.float64)[keep]
+      return int(keep.sum())
+
   def take(self, indices: np.ndarray, keep_from: int) -> List[Any]:
     """The items at `indices`; then drops those before `keep_from` (no later window
     starts before it)."""
@@ -176,6 +223,10 @@ class LocalReplay:
       while self._first < keep_from and self._items:
         self._items.popleft()
         self._first += 1
+      dropped = self._first - self._base
+      if dropped > max(1024, (self._count - self._base) // 2):  # compact, seldom
+        self._priorities = self._priorities[dropped:].copy()
+        self._base = self._first
       return out
 
 
@@ -187,18 +238,18 @@ class LocalReplaySink(TrajectorySink):
                to_items: ToItems):
     self.replay = replay
     self._to_items = to_items
-    self._pending: List[Any] = []
+    self._pending: List[Any] = []  # (priority, item) of the call being added
     self.items_written = 0
     self.assembler = SequenceAssembler(num_envs, length, period, self._on_sequences)
 
   def _on_sequences(self, sequences: Any) -> None:
-    self._pending.extend(item for _, item in self._to_items(sequences))
+    self._pending.extend(self._to_items(sequences))
 
   def add(self, env_ids, step) -> None:
     self.assembler.add(env_ids, step)
-    items, self._pending = self._pending, []
-    self.items_written += len(items)
-    self.replay.add_call(items)
+    pending, self._pending = self._pending, []
+    self.items_written += len(pending)
+    self.replay.add_call([item for _, item in pending], [p for p, _ in pending])
 
   def reset(self, env_ids) -> None:
     self.assembler.reset(env_ids)
@@ -216,30 +267,53 @@ class LocalReplaySink(TrajectorySink):
     self.replay.close()
 
 
+class SampleInfo(NamedTuple):
+  """What Reverb's `SampleInfo` tells a prioritized learner, for a local sample."""
+  key: Any  # [size] int64: the items' indices (what `update_priorities` takes)
+  probability: Any  # [size] float64: each item's probability of being drawn
+  table_size: Any  # int64: the items in the window drawn from
+
+
 class LocalReplayBatches:
-  """The learner's batches from a `LocalReplay`: learner step j's `steps_per_call *
-  batch_size` items drawn uniformly from its round's window (module docstring) by a
-  generator keyed by (seed, j). `steps_done` gives j (the learner's step count, which a
-  checkpoint restores). `next` returns None while the window is not complete."""
+  """The learner's batches from a `LocalReplay`: learner step j's `sample_size` items
+  drawn with replacement from its round's window (module docstring) by a generator keyed
+  by (seed, j) -- uniformly, or with `priority_exponent` a in proportion to priority^a
+  (as Reverb's `Prioritized(a)`), then as `(SampleInfo, batch)`. `steps_done` gives j
+  (the learner's step count, which a checkpoint restores). `next` returns None while
+  the window is not complete."""
 
   def __init__(self, replay: LocalReplay, schedule: ReplayRoundSchedule, seed: int,
                sample_size: int, steps_done: Callable[[], int] | None = None,
+               priority_exponent: float | None = None, signature: Any = None,
                timeout_ms: int = 1000):
+    """`signature`: the items' `tf.TensorSpec`s (batches are cast to their dtypes, as
+    Reverb's are; None: as stored)."""
     self._replay = replay
+    self._signature = signature
     self._schedule = schedule
     self._seed = int(seed)
     self.sample_size = int(sample_size)
     self.steps_done = steps_done
+    self._exponent = priority_exponent
     self._timeout_s = timeout_ms / 1e3
     self.partial_batches = 0  # Reverb's counter; a window is never partial here
 
-  def indices(self, step: int, first: int, end: int, size: int) -> np.ndarray:
-    """The item indices learner step `step` samples from [first, end)."""
+  def draw(self, step: int, first: int, end: int, size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(item indices, their probabilities): learner step `step`'s draw from [first, end)."""
     rng = np.random.default_rng((self._seed, _SAMPLE_DOMAIN, int(step)))
-    return rng.integers(first, end, size=size, dtype=np.int64)
+    n = end - first
+    if self._exponent is None:
+      return rng.integers(first, end, size=size, dtype=np.int64), np.full(size, 1.0 / n)
+    weights = np.power(self._replay.priorities(first, end), self._exponent)
+    total = weights.sum()
+    # All at priority 0: uniform (Reverb's prioritized sampler does the same).
+    p = weights / total if total > 0 else np.full(n, 1.0 / n)
+    picked = rng.choice(n, size=size, p=p)
+    return first + picked.astype(np.int64), p[picked]
 
   def next(self) -> Any | None:
-    """One learner call's `sample_size` items as `[sample_size, ...]` tensors, or None."""
+    """One learner call's `sample_size` items as `[sample_size, ...]` tensors (with a
+    priority exponent: `(SampleInfo, batch)`), or None."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     if self.steps_done is None:
       raise RuntimeError('LocalReplayBatches: steps_done is not set')
@@ -253,9 +327,21 @@ class LocalReplayBatches:
     if end - first < size:
       raise RuntimeError(f'learner step {step}: the replay holds {end - first} items, '
                          f'fewer than a sample of {size} ({s})')
-    items = self._replay.take(self.indices(step, first, end, size), keep_from=first)
+    keys, probability = self.draw(step, first, end, size)
+    items = self._replay.take(keys, keep_from=first)
     batch = tree.map_structure(lambda *xs: np.stack(xs), *items)
-    return tree.map_structure(tf.convert_to_tensor, batch)
+    if self._signature is not None:
+      batch = tree.map_structure(lambda x, spec: x.astype(spec.dtype.as_numpy_dtype),
+                                 batch, self._signature)
+    batch = tree.map_structure(tf.convert_to_tensor, batch)
+    if self._exponent is None:
+      return batch
+    return SampleInfo(tf.constant(keys), tf.constant(probability),
+                      tf.constant(end - first, tf.int64)), batch
+
+  def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+    """The learner's new priorities (after its step, before its next sample)."""
+    return self._replay.update_priorities(keys, priorities)
 
   def close(self) -> None:
     self._replay.close()

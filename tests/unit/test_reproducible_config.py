@@ -38,9 +38,9 @@ def test_the_flag_makes_a_reproducible_run_of_an_unroll_queue_agent(argv, tmp_pa
 
 
 @pytest.mark.parametrize('argv,match', [
-    # R2D2 and SAC: their replay has no schedule yet.
-    (['catch', 'r2d2', '2', '8'], r"agent 'r2d2' has no reproducible schedule: not yet: "
-                                  r'issue 63 Deliver 2'),
+    # R2D2's defaults set no samples-per-insert ratio: no learner steps per round.
+    (['catch', 'r2d2', '2', '8'], r'samples_per_insert=None.*--agent_config '
+                                  r'samples_per_insert'),
     # Catch's V-trace batch is 32 unrolls, two rounds of 16 envs.
     (['catch', 'vtrace', '2', '8'], r'batch_size=32.*training envs.*= 16.*batch_size=16'),
     (['cartpole', 'ppo', '3', '2'], r'batch_size=16.*= 6.*--agent_config batch_size=6'),

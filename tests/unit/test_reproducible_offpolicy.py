@@ -18,7 +18,8 @@ import pytest
 
 from seedacme.agents import r2d2, registry, sac
 from seedacme.config import ProgramConfig
-from seedacme.trajectories.local_replay import LocalReplay, ReplayRoundSchedule
+from seedacme.trajectories.local_replay import (LocalReplay, LocalReplayBatches,
+                                                ReplayRoundSchedule)
 
 STEPS = 24  # learner steps: 2 per round after the warm-up
 
@@ -31,12 +32,14 @@ def _sac_pendulum():
       samples_per_insert=8.0, sgd_steps_per_sample=1, seed=3))
 
 
-def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0):
-  logdir = tmp_path / f'sac-{num_actors}x{envs_per_actor}-busy{busy}'
+def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0,
+         builder_fn=_sac_pendulum, env='mujoco', steps=STEPS):
+  logdir = tmp_path / f'{env}-{num_actors}x{envs_per_actor}-busy{busy}'
   central, _, actors, _ = make_central(
-      _sac_pendulum(), 'mujoco', num_actors, envs_per_actor,
-      env_options={'level': 'InvertedPendulum-v5'}, reproducible=True,
-      max_learner_steps=STEPS, checkpoint_interval_s=None, export_policy=False,
+      builder_fn(), env, num_actors, envs_per_actor,
+      env_options={'level': 'InvertedPendulum-v5'} if env == 'mujoco' else None,
+      reproducible=True, max_learner_steps=steps, checkpoint_interval_s=None,
+      export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3)
   loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
            for _ in range(busy)]
@@ -110,9 +113,69 @@ def test_local_replay_windows_are_the_items_after_a_call():
     replay.take(np.array([2]), keep_from=3)
 
 
-def test_r2d2_reproducible_is_refused_with_its_reason():
-  builder = r2d2.R2D2Builder(registry.make_config('r2d2', 'cartpole'))
+R2D2_STEPS = 20
+
+
+def _r2d2_cartpole():
+  # 16 envs, sequences of 4 + 10 + 1 steps every 5 calls, 4 samples per insert, batches
+  # of 32: rounds of 5 calls, 2 learner steps each; learning once the replay holds 64
+  # sequences (after round 5).
+  return r2d2.R2D2Builder(registry.make_config(
+      'r2d2', 'cartpole', burn_in=4, trace_length=10, period=5, hidden_sizes=(32,),
+      lstm_size=32, batch_size=32, min_replay_size=64, samples_per_insert=4.0,
+      target_update_period=4, seed=3))
+
+
+@pytest.mark.timeout(240)
+def test_r2d2_cartpole_is_the_same_run_on_any_split(make_central, tmp_path):
+  runs = []
+  for num_actors, envs_per_actor, busy in ((2, 8, 0), (4, 4, 1)):
+    runs.append(_run(make_central, tmp_path, num_actors, envs_per_actor, busy,
+                     builder_fn=_r2d2_cartpole, env='cartpole', steps=R2D2_STEPS))
+  (first, summary, central), (rounds, other, _) = runs
+  assert summary['stop']['kind'] == 'learner_steps', summary['stopped_because']
+  assert summary['exact_until_round'] is None, summary
+  schedule = central.rounds.schedule
+  assert (schedule.unroll_length, schedule.steps_per_round,
+          schedule.warm_up_rounds) == (5, 2, 5)
+  assert [r['learner_steps'] for r in first] == \
+      [2 * max(0, r - 5) for r in range(5 + R2D2_STEPS // 2 + 1)]
+  assert first[-1]['episodes'] > 0
+  # Every step's priorities went back to the replay (the learner's count of them).
+  assert first[-1]['learner_priority_updates'] == 32 * R2D2_STEPS
+  losses = [r['learner_loss'] for r in first[6:]]
+  assert len(set(losses)) == len(losses), losses
+  assert rounds == first
+  assert other['weights_sha256'] == summary['weights_sha256']
+
+
+def test_prioritized_draws_follow_priorities_and_their_updates():
+  schedule = ReplayRoundSchedule(2, 1.0, 2, 1, 1, 2, item_period=1)
+  replay = LocalReplay(capacity=10)
+  replay.add_call(['a', 'b'], [1.0, 0.0])
+  replay.add_call(['c', 'd'], [3.0, 0.0])
+  batches = LocalReplayBatches(replay, schedule, seed=3, sample_size=4000,
+                               priority_exponent=1.0)
+  keys, probability = batches.draw(0, 0, 4, 4000)
+  assert set(keys.tolist()) == {0, 2}  # priority 0: never drawn
+  assert set(probability.tolist()) == {0.25, 0.75}
+  assert abs((keys == 2).mean() - 0.75) < 0.03
+  again, _ = batches.draw(0, 0, 4, 4000)
+  assert np.array_equal(keys, again)  # (seed, step) names the draw
+  assert not np.array_equal(keys, batches.draw(1, 0, 4, 4000)[0])
+  # The learner's update: the next draw follows it (a dropped key is skipped).
+  assert batches.update_priorities(np.array([2, 1]), np.array([0.0, 1.0])) == 2
+  keys, _ = batches.draw(2, 0, 4, 100)
+  assert set(keys.tolist()) == {0, 1}
+
+
+def test_an_off_policy_run_without_a_ratio_is_refused_by_name():
+  """R2D2's defaults leave samples_per_insert unset: the learner steps per round would
+  be unknown."""
   config = ProgramConfig(num_actors=2, envs_per_actor=8, num_eval_envs=0,
-                         reproducible=True, logdir='/tmp/unused')
-  with pytest.raises(ValueError, match='prioritized'):
-    config.check_reproducible(builder)
+                         reproducible=True)
+  with pytest.raises(ValueError, match=r'samples_per_insert=None.*--agent_config'):
+    config.check_reproducible(r2d2.R2D2Builder(registry.make_config('r2d2', 'cartpole')))
+  config.check_reproducible(r2d2.R2D2Builder(registry.make_config(
+      'r2d2', 'cartpole', samples_per_insert=4.0)))
+  config.check_reproducible(sac.SACBuilder(registry.make_config('sac', 'mujoco')))
