@@ -13,7 +13,9 @@ summaries, launch records, TensorBoard events: KBs) and, with `--checkpoint`, it
 learner checkpoint only (network, target network, optimizer and counters: 40 MB for
 R2D2's Nature CNN + LSTM 256), with a `checkpoint` index naming just that one, and the
 run's saved config beside it (`run_config.json`: without it a resume is refused, as
-nothing says the checkpoint is that run's; `seedacme.run.identity`). It never
+nothing says the checkpoint is that run's; `seedacme.run.identity`), and a
+reproducible run's round states (`checkpoints/rounds/`: its resume is exact with
+them, `seedacme.run.resume`). It never
 copies the replay's checkpoints (GBs: a resumed run refills its replay) nor the node
 logs. The run then resumes exactly where its learner was, with an empty replay.
 
@@ -91,6 +93,15 @@ def keep(logdir: str, dest: str, checkpoint: bool) -> int:
         copied += os.path.getsize(shutil.copy(os.path.join(source, name), target))
     with open(os.path.join(target, 'checkpoint'), 'w') as f:
       f.write(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
+    # A reproducible run's round states (seedacme.run.resume: at most three, the envs
+    # included): without the newest checkpoint's, its resume would not be exact.
+    rounds = os.path.join(source, 'rounds')
+    if os.path.isdir(rounds):
+      os.makedirs(os.path.join(target, 'rounds'))
+      for name in os.listdir(rounds):
+        if re.match(r'^round-\d+\.pkl$', name):
+          copied += os.path.getsize(shutil.copy(os.path.join(rounds, name),
+                                                os.path.join(target, 'rounds')))
   return copied
 
 

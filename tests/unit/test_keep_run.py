@@ -67,6 +67,20 @@ def test_kept_run_resumes_from_its_newest_checkpoint(tmp_path):
   assert keep_run.newest_checkpoint(str(dest / 'checkpoints')) == 'ckpt-4'
 
 
+def test_a_reproducible_runs_round_states_are_kept(tmp_path):
+  logdir, dest = _run_logdir(tmp_path), tmp_path / 'kept'
+  rounds = logdir / 'checkpoints' / 'rounds'
+  rounds.mkdir()
+  for name in ('round-50.pkl', 'round-100.pkl', '.round-150.tmp-1234'):
+    (rounds / name).write_bytes(b'x' * 7)
+  copied = keep_run.keep(str(logdir), str(dest), checkpoint=True)
+  assert sorted(os.listdir(dest / 'checkpoints' / 'rounds')) == ['round-100.pkl',
+                                                                   'round-50.pkl']
+  assert copied == sum(os.path.getsize(os.path.join(d, f))
+                       for d, _, files in os.walk(dest) for f in files
+                       if f != 'checkpoint')
+
+
 def test_records_only_without_checkpoint_and_refuses_a_non_run(tmp_path):
   logdir, dest = _run_logdir(tmp_path), tmp_path / 'kept'
   keep_run.keep(str(logdir), str(dest), checkpoint=False)
