@@ -518,9 +518,10 @@ class CentralNode:
       # Every env's request is in: each must have come from its restored env.
       fresh = sorted(set(range(self.rounds.num_envs)) - self._envs_handed)
       if fresh:
-        self.rounds.not_exact(f'resumed at round {round_index}: envs {fresh[:16]} were '
-                              'started anew (their actors did not restore them)',
-                              round_index)
+        self.rounds.not_exact(f'resumed at round {round_index}: envs {fresh[:16]} did '
+                              'not come back to it (their actors started them anew, or '
+                              'went on from where they were: a central node restarted '
+                              'alone)', round_index)
     if self._round_checkpoints is not None and round_index > 0 and \
         round_index != self.resumed_round and \
         (round_index % self._config.checkpoint_rounds == 0 or stop is not None):

@@ -132,7 +132,7 @@ class ForgetfulActor(InProcessActor):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize('first, then, why', [
     (UnpicklableActor, InProcessActor, r'envs (0\.\.7|8\.\.15): env 0 \(Catch\) cannot be pickled'),
-    (InProcessActor, ForgetfulActor, r'envs \[0, 1, .*\] were started anew')])
+    (InProcessActor, ForgetfulActor, r'envs \[0, 1, .*\] did not come back to it')])
 def test_a_resume_without_every_env_is_recorded_as_not_exact(make_central, tmp_path,
                                                             first, then, why):
   killed = _killed_after_round(make_central, _vtrace_catch, 'catch', tmp_path,
