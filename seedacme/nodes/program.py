@@ -127,8 +127,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
   snapshots = {}
   if config.reproducible and config.checkpoint_interval_s is not None and \
       config.inference == 'central' and not getattr(config, 'reproducible_lag', 0):
-    snapshots = {'round_snapshots': (builder.config.unroll_length,
-                                     config.checkpoint_rounds)}
+    calls_per_round = builder.round_schedule(config.num_train_envs).unroll_length
+    snapshots = {'round_snapshots': (calls_per_round, config.checkpoint_rounds)}
   with program.group('actor'):
     for i in range(config.num_actors):
       first = i * config.envs_per_actor
