@@ -46,6 +46,20 @@ its calls from there. Whatever is missing -- an env snapshot, a part of the serv
 state, a round state for the checkpoint -- makes the run not exact from the resumed
 round (`RoundGate.not_exact`), named in the summary, never hidden.
 
+Pickles: the central node unpickles only the round states it wrote in its own
+logdir (as it reads its TF checkpoints there), never an actor's blobs; an actor
+unpickles only what its run's central node returns, over the run's authenticated
+channels. An env whose pickling silently drops its state would resume from a fresh env:
+gymnasium's `EzPickle` envs do, and `GymnasiumEnv` saves MuJoCo's state beside them and
+refuses the others by name (`seedacme.envs.gym_adapter`); DMLab's and Football's envs
+are not checked here.
+
+Not exact, and recorded as such: a central node restarted alone (its actors go on
+from where they are, not from the round: `exact_until_round` is the resumed round), a
+lagged schedule (`reproducible_lag` >= 1 leaves L rounds of unrolls in the queue at a
+round's start: no round checkpoints then, and a resume is not exact from round 0), the
+evaluator's envs (not saved: its passes after a resume are marked not exact).
+
 Why this shape rather than actors writing their envs beside the checkpoint: actors
 import no TensorFlow and may run on other hosts than the logdir's writer (a `gs://`
 logdir), while the central node already writes the checkpoint; and the central node
