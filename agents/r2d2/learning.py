@@ -101,6 +101,16 @@ class R2D2Learner(Learner):
     return {'network': self._network, 'target_network': self._target_network,
             'optimizer': self._optimizer, 'num_steps': self.num_steps}
 
+  def resume_state(self) -> Dict[str, Any]:
+    """The priority-update counters the metrics carry (not checkpointed variables)."""
+    return {'priority_updates': self.priority_updates,
+            'priority_updates_lost': self.priority_updates_lost,
+            'priority_update_timeouts': self.priority_update_timeouts}
+
+  def load_resume_state(self, state: Dict[str, Any]) -> None:
+    for name in ('priority_updates', 'priority_updates_lost', 'priority_update_timeouts'):
+      setattr(self, name, int(state.get(name, getattr(self, name))))
+
   def update_target(self) -> None:
     for target, source in zip(self._target_network.variables, self._network.variables):
       target.assign(source)

@@ -85,6 +85,15 @@ class SACLearner(BatchLearner):
             'critic_optimizer': self._critic_optimizer,
             'alpha_optimizer': self._alpha_optimizer, 'num_steps': self.num_steps}
 
+  def resume_state(self) -> Dict[str, Any]:
+    """The action-sampling generator's state (not a checkpointed variable): a round
+    checkpoint's resume draws the uninterrupted run's actions."""
+    return {'rng_state': self._rng.state.numpy()}
+
+  def load_resume_state(self, state: Dict[str, Any]) -> None:
+    if 'rng_state' in state:
+      self._rng.state.assign(state['rng_state'])
+
   def _sample(self, observation):
     """A reparameterized action in [-1, 1] units and its log-probability there."""
     (params, _), _ = self._nets.actor(observation)

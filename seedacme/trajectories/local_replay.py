@@ -35,11 +35,15 @@ in learner-step order. Items a lagged schedule's later rounds add meanwhile are 
 that window, and a sample waits until its window is complete, so neither the load nor
 the thread timing moves it.
 
-What is not kept. The replay is not saved with a round checkpoint (the sink's `state`
-is None: the server names it missing, and a resume from it is recorded as not exact
-from its round on); nor by the replay node, which never sees these items.
+Resume. The sink's `state` holds the partial sequences and the whole replay (items,
+priorities, the count after every call), so a round checkpoint (`seedacme.run.resume`)
+continues exactly: the restored learner's step count keys the next draw, and the calls
+go on being numbered as the round gate's. A learner restored without it (a checkpoint
+on the clock: the run is then marked not exact) counts rounds from its restored step, as
+the gate does (`RoundGate.resume_at`), and the replay fills again over the warm-up
+rounds. The replay node's checkpoints never see these items.
 
-Why ~350 lines: the schedule, the replay, its sink and its sampler are one contract
+Why ~390 lines: the schedule, the replay, its sink and its sampler are one contract
 (the schedule's windows are what the sink's call counts and the sampler's draws refer
 to); apart, each would restate the others' arithmetic.
 
@@ -150,6 +154,7 @@ class LocalReplay:
     self._priorities = np.zeros(1024, np.float64)
     self._base = 0
     self._closed = False
+    self.restored = False  # loaded from a round checkpoint (`load_state`)
 
   @property
   def calls(self) -> int:
@@ -182,6 +187,27 @@ class LocalReplay:
     with self._condition:
       self._closed = True
       self._condition.notify_all()
+
+  def state(self) -> Dict[str, Any]:
+    """What `load_state` continues from: the items kept, their priorities and the
+    count after every call (a round checkpoint's, at a round's start)."""
+    with self._condition:
+      return {'capacity': self.capacity, 'first': self._first, 'count': self._count,
+              'items': list(self._items), 'after_call': list(self._after_call),
+              'priorities': self._priorities[self._first - self._base:
+                                              self._count - self._base].copy()}
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()` (before any item is added)."""
+    with self._condition:
+      self._first, self._count = int(state['first']), int(state['count'])
+      self._items = collections.deque(state['items'])
+      self._after_call = list(state['after_call'])
+      priorities = np.asarray(state['priorities'], np.float64)
+      self._priorities = np.zeros(max(1024, 2 * priorities.size), np.float64)
+      self._priorities[:priorities.size] = priorities
+      self._base = self._first
+      self.restored = True
 
   def window(self, call: int, timeout_s: float) -> tuple | None:
     """(first, end): the item indices the replay held after call `call`, once that
@@ -254,6 +280,17 @@ class LocalReplaySink(TrajectorySink):
   def reset(self, env_ids) -> None:
     self.assembler.reset(env_ids)
 
+  def state(self) -> Dict[str, Any]:
+    """The partial sequences and the whole replay: a round checkpoint holds both (its
+    size grows with the replay's)."""
+    return {'assembler': self.assembler.state(), 'replay': self.replay.state(),
+            'items_written': self.items_written}
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    self.assembler.load_state(state['assembler'])
+    self.replay.load_state(state['replay'])
+    self.items_written = int(state['items_written'])
+
   def stats(self) -> Dict[str, float]:
     return {'sequences': self.assembler.sequences_emitted,
             'items_written': self.items_written, 'writer_pending': 0,
@@ -296,6 +333,7 @@ class LocalReplayBatches:
     self.steps_done = steps_done
     self._exponent = priority_exponent
     self._timeout_s = timeout_ms / 1e3
+    self._steps_at_start: int | None = None  # set by the first `next`
     self.partial_batches = 0  # Reverb's counter; a window is never partial here
 
   def draw(self, step: int, first: int, end: int, size: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -318,9 +356,15 @@ class LocalReplayBatches:
     if self.steps_done is None:
       raise RuntimeError('LocalReplayBatches: steps_done is not set')
     step = int(self.steps_done())
+    if self._steps_at_start is None:
+      # A learner restored without its replay (a checkpoint without a round state):
+      # rounds count from its step as the round gate's do (`RoundGate.resume_at`), and
+      # the replay fills again for the warm-up rounds.
+      self._steps_at_start = 0 if self._replay.restored else step
     s = self._schedule
     size = self.sample_size
-    window = self._replay.window(s.last_call(s.data_round(step)), self._timeout_s)
+    window = self._replay.window(s.last_call(s.data_round(step - self._steps_at_start)),
+                                 self._timeout_s)
     if window is None:
       return None
     first, end = window

@@ -9,9 +9,13 @@ learner steps the samples-per-insert ratio fixes. And the schedule's arithmetic,
 its refusals, on their own.
 """
 
+import functools
 import json
+import pickle
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +24,7 @@ from seedacme.agents import r2d2, registry, sac
 from seedacme.config import ProgramConfig
 from seedacme.trajectories.local_replay import (LocalReplay, LocalReplayBatches,
                                                 ReplayRoundSchedule)
+from tests.unit.in_process import InProcessActor
 
 STEPS = 24  # learner steps: 2 per round after the warm-up
 
@@ -78,6 +83,73 @@ def test_sac_pendulum_is_the_same_run_on_any_split(make_central, tmp_path):
   rounds, other, _ = _run(make_central, tmp_path, 4, 2, busy=1)
   assert rounds == first
   assert other['weights_sha256'] == summary['weights_sha256']
+
+
+EVERY = 5  # checkpoint_rounds of the resumed run
+
+
+def _start_resumable(make_central, logdir, split, checkpoints, agent='sac'):
+  """A reproducible SAC (or R2D2) run to `STEPS` with round checkpoints every `EVERY`
+  rounds (or none), its actors handing in their envs at checkpoint rounds; started."""
+  builder = _sac_pendulum() if agent == 'sac' else _r2d2_cartpole()
+  env = 'mujoco' if agent == 'sac' else 'cartpole'
+  round_length = builder.round_schedule(split[0] * split[1]).unroll_length
+  central, _, actors, _ = make_central(
+      builder, env, *split,
+      env_options={'level': 'InvertedPendulum-v5'} if agent == 'sac' else None,
+      reproducible=True, max_learner_steps=STEPS,
+      checkpoint_interval_s=3600.0 if checkpoints else None, checkpoint_rounds=EVERY,
+      export_policy=False, logdir=str(logdir), progress_interval_s=1.0, seed=3,
+      actor=functools.partial(InProcessActor, snapshots=(round_length, EVERY)))
+  for a in actors:
+    a.start()
+  return central, actors
+
+
+def _records(logdir):
+  with open(logdir / 'rounds.jsonl') as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize('agent, splits, per_round, warm_up', [
+    ('sac', ((2, 4), (4, 2)), 8, 7),  # rounds of 1 call, 8 transitions
+    ('r2d2', ((2, 8), (4, 4)), 16, 5),  # rounds of 5 calls, 16 sequences
+])
+def test_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
+    make_central, tmp_path, agent, splits, per_round, warm_up):
+  """The replay is in the round checkpoint: run B, stopped two rounds past its
+  checkpoint at round 10 (learning since round warm_up + 1) and resumed on another
+  split, is run A."""
+  central, actors = _start_resumable(make_central, tmp_path / 'a', splits[0], False, agent)
+  central.run()
+  whole, summary_a = _records(tmp_path / 'a'), central.summary
+  assert summary_a['exact_until_round'] is None, summary_a['not_exact_because']
+  b = tmp_path / 'b'
+  central, actors = _start_resumable(make_central, b, splits[0], True, agent)
+  stop = actors[0].stop
+
+  def watch():
+    deadline = time.monotonic() + 120
+    while central.rounds.round < 2 * EVERY + 2 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    stop.set()
+  threading.Thread(target=watch, daemon=True).start()
+  central.run()
+  assert central.summary['stop']['kind'] == 'stop_requested'
+  schedule = central.rounds.schedule
+  assert schedule.warm_up_rounds == warm_up
+  with open(b / 'checkpoints' / 'rounds' / f'round-{2 * EVERY}.pkl', 'rb') as f:
+    saved = pickle.load(f)['server']['sink']['replay']
+  assert len(saved['after_call']) == schedule.first_call(2 * EVERY)
+  assert saved['count'] == schedule.items_through(2 * EVERY - 1)
+  assert saved['count'] - schedule.items_through(2 * EVERY - 2) == per_round
+  central, actors = _start_resumable(make_central, b, splits[1], True, agent)
+  central.run()
+  assert central.resumed_round == 2 * EVERY
+  assert central.summary['exact_until_round'] is None, central.summary['not_exact_because']
+  assert _records(b) == whole
+  assert central.summary['weights_sha256'] == summary_a['weights_sha256']
 
 
 def test_replay_schedule_arithmetic():
