@@ -38,12 +38,13 @@ def _sac_pendulum():
 
 
 def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0,
-         builder_fn=_sac_pendulum, env='mujoco', steps=STEPS):
-  logdir = tmp_path / f'{env}-{num_actors}x{envs_per_actor}-busy{busy}'
+         builder_fn=_sac_pendulum, env='mujoco', steps=STEPS, lag=0):
+  logdir = tmp_path / f'{env}-{num_actors}x{envs_per_actor}-busy{busy}-lag{lag}'
   central, _, actors, _ = make_central(
       builder_fn(), env, num_actors, envs_per_actor,
       env_options={'level': 'InvertedPendulum-v5'} if env == 'mujoco' else None,
-      reproducible=True, max_learner_steps=steps, checkpoint_interval_s=None,
+      reproducible=True, reproducible_lag=lag, max_learner_steps=steps,
+      checkpoint_interval_s=None,
       export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3)
   loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
@@ -183,6 +184,19 @@ def test_local_replay_windows_are_the_items_after_a_call():
   assert replay.take(np.array([3, 7]), keep_from=3) == [11, 31]
   with pytest.raises(RuntimeError, match='dropped'):
     replay.take(np.array([2]), keep_from=3)
+
+
+@pytest.mark.timeout(240)
+def test_sac_lag_1_is_the_same_run_on_any_split(make_central, tmp_path):
+  """Round r acts while the learner trains on round r - 1's window: items the acting
+  round adds meanwhile are outside it."""
+  first, summary, _ = _run(make_central, tmp_path, 2, 4, lag=1, steps=12)
+  assert summary['exact_until_round'] is None, summary
+  assert [r['learner_steps'] for r in first] == \
+      [2 * max(0, r - 8) for r in range(8 + 12 // 2 + 1)]
+  rounds, other, _ = _run(make_central, tmp_path, 4, 2, lag=1, steps=12)
+  assert rounds == first
+  assert other['weights_sha256'] == summary['weights_sha256']
 
 
 R2D2_STEPS = 20
