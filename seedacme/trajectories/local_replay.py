@@ -51,11 +51,10 @@ Numpy, the standard library and the sink's assembler; TensorFlow only to hand ba
 to the learner.
 """
 
-import collections
 import fractions
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import numpy as np
 import tree
@@ -138,21 +137,25 @@ class ReplayRoundSchedule(RoundSchedule):
 
 class LocalReplay:
   """Items in insertion order (the sink's) with their priorities, the item count after
-  every call, and windows of the newest `capacity` items as they stood after a call."""
+  every call, and windows of the newest `capacity` items as they stood after a call.
+
+  Items are nests of arrays of one structure, kept field by field in growing arrays
+  (row g - `_base` holds item g): a sample is one gather per field, and a checkpoint's
+  state a slice of each, not a million small arrays to pickle.
+  """
 
   def __init__(self, capacity: int):
     if capacity < 1:
       raise ValueError(f'replay capacity must be >= 1, got {capacity}')
     self.capacity = int(capacity)
     self._condition = threading.Condition()
-    self._items: Deque[Any] = collections.deque()
-    self._first = 0  # the index of `_items[0]` (older ones are dropped)
+    self._structure: Any = None  # the items' nest (set by the first item)
+    self._columns: List[np.ndarray] = []  # per field: rows of items `_base` ..
+    self._priorities = np.zeros(0, np.float64)
+    self._base = 0  # the item in row 0 (<= `_first`: compacted now and then)
+    self._first = 0  # the oldest item kept (older ones are dropped)
     self._count = 0  # items added in all
     self._after_call: List[int] = []  # items added in all after each call
-    # Priorities of items `_base` .. `_count` - 1 (`_base` <= `_first`: compacted now
-    # and then, not at every drop).
-    self._priorities = np.zeros(1024, np.float64)
-    self._base = 0
     self._closed = False
     self.restored = False  # loaded from a round checkpoint (`load_state`)
 
@@ -166,19 +169,42 @@ class LocalReplay:
     with self._condition:
       return min(self._count, self.capacity)
 
+  def _reserve(self, rows: int, template: List[np.ndarray]) -> None:
+    """Room for `rows` rows from row 0 (grown by doubling; `template`: one row's
+    leaves, for a first allocation)."""
+    have = self._priorities.size
+    if rows <= have:
+      return
+    size = max(1024, 2 * rows)
+    stored = self._count - self._base
+    if not self._columns:
+      self._columns = [np.zeros((size,) + x.shape, x.dtype) for x in template]
+    else:
+      grown = []
+      for column in self._columns:
+        bigger = np.zeros((size,) + column.shape[1:], column.dtype)
+        bigger[:stored] = column[:stored]
+        grown.append(bigger)
+      self._columns = grown
+    priorities = np.zeros(size, np.float64)
+    priorities[:stored] = self._priorities[:stored]
+    self._priorities = priorities
+
   def add_call(self, items: List[Any], priorities: Any = None) -> None:
     """The items one call of every training env made (env-id order), with their
     priorities (default 1)."""
     priorities = np.ones(len(items)) if priorities is None else \
         np.asarray(priorities, np.float64)
     with self._condition:
-      stored = self._count - self._base
-      if stored + len(items) > self._priorities.size:
-        grown = np.zeros(2 * (stored + len(items)), np.float64)
-        grown[:stored] = self._priorities[:stored]
-        self._priorities = grown
-      self._priorities[stored:stored + len(items)] = priorities
-      self._items.extend(items)
+      if items:
+        if self._structure is None:
+          self._structure = items[0]
+        leaves = [tree.flatten(item) for item in items]
+        stored = self._count - self._base
+        self._reserve(stored + len(items), [np.asarray(x) for x in leaves[0]])
+        for column, values in zip(self._columns, zip(*leaves)):
+          column[stored:stored + len(items)] = np.stack(values)
+        self._priorities[stored:stored + len(items)] = priorities
       self._count += len(items)
       self._after_call.append(self._count)
       self._condition.notify_all()
@@ -192,21 +218,26 @@ class LocalReplay:
     """What `load_state` continues from: the items kept, their priorities and the
     count after every call (a round checkpoint's, at a round's start)."""
     with self._condition:
+      rows = slice(self._first - self._base, self._count - self._base)
+      items = None if self._structure is None else tree.unflatten_as(
+          self._structure, [column[rows].copy() for column in self._columns])
       return {'capacity': self.capacity, 'first': self._first, 'count': self._count,
-              'items': list(self._items), 'after_call': list(self._after_call),
-              'priorities': self._priorities[self._first - self._base:
-                                              self._count - self._base].copy()}
+              'items': items, 'after_call': np.asarray(self._after_call, np.int64),
+              'priorities': self._priorities[rows].copy()}
 
   def load_state(self, state: Dict[str, Any]) -> None:
     """Continues from `state()` (before any item is added)."""
     with self._condition:
       self._first, self._count = int(state['first']), int(state['count'])
-      self._items = collections.deque(state['items'])
-      self._after_call = list(state['after_call'])
-      priorities = np.asarray(state['priorities'], np.float64)
-      self._priorities = np.zeros(max(1024, 2 * priorities.size), np.float64)
-      self._priorities[:priorities.size] = priorities
       self._base = self._first
+      self._after_call = [int(c) for c in state['after_call']]
+      self._priorities = np.array(state['priorities'], np.float64)
+      self._structure, self._columns = None, []
+      if state['items'] is not None:
+        columns = [np.array(x) for x in tree.flatten(state['items'])]
+        self._structure = tree.unflatten_as(
+            state['items'], [np.zeros((0,) + c.shape[1:], c.dtype) for c in columns])
+        self._columns = columns
       self.restored = True
 
   def window(self, call: int, timeout_s: float) -> tuple | None:
@@ -238,20 +269,20 @@ class LocalReplay:
       self._priorities[keys[keep] - self._base] = np.asarray(priorities, np.float64)[keep]
       return int(keep.sum())
 
-  def take(self, indices: np.ndarray, keep_from: int) -> List[Any]:
-    """The items at `indices`; then drops those before `keep_from` (no later window
-    starts before it)."""
+  def take(self, indices: np.ndarray, keep_from: int) -> Any:
+    """The items at `indices`, stacked (`[len(indices), ...]` per field); then drops
+    those before `keep_from` (no later window starts before it)."""
     with self._condition:
       if indices.size and int(indices.min()) < self._first:
         raise RuntimeError(f'replay item {int(indices.min())} was dropped (kept from '
                            f'{self._first})')
-      out = [self._items[int(i) - self._first] for i in indices]
-      while self._first < keep_from and self._items:
-        self._items.popleft()
-        self._first += 1
-      dropped = self._first - self._base
-      if dropped > max(1024, (self._count - self._base) // 2):  # compact, seldom
-        self._priorities = self._priorities[dropped:].copy()
+      rows = np.asarray(indices, np.int64) - self._base
+      out = tree.unflatten_as(self._structure, [column[rows] for column in self._columns])
+      self._first = max(self._first, min(int(keep_from), self._count))
+      dropped, stored = self._first - self._base, self._count - self._base
+      if dropped > max(1024, stored // 2):  # compact, seldom
+        self._columns = [column[dropped:stored].copy() for column in self._columns]
+        self._priorities = self._priorities[dropped:stored].copy()
         self._base = self._first
       return out
 
@@ -372,8 +403,7 @@ class LocalReplayBatches:
       raise RuntimeError(f'learner step {step}: the replay holds {end - first} items, '
                          f'fewer than a sample of {size} ({s})')
     keys, probability = self.draw(step, first, end, size)
-    items = self._replay.take(keys, keep_from=first)
-    batch = tree.map_structure(lambda *xs: np.stack(xs), *items)
+    batch = self._replay.take(keys, keep_from=first)
     if self._signature is not None:
       batch = tree.map_structure(lambda x, spec: x.astype(spec.dtype.as_numpy_dtype),
                                  batch, self._signature)

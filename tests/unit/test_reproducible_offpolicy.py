@@ -177,13 +177,21 @@ def test_replay_schedule_arithmetic():
 def test_local_replay_windows_are_the_items_after_a_call():
   replay = LocalReplay(capacity=5)
   for call in range(4):
-    replay.add_call([call * 10 + e for e in range(2)])
+    replay.add_call([{'x': np.full(2, call * 10 + e), 'y': (np.int8(e),)}
+                     for e in range(2)])
   assert replay.window(1, 0.0) == (0, 4)
   assert replay.window(3, 0.0) == (3, 8)  # the newest 5
   assert replay.window(4, 0.05) is None  # not in yet
-  assert replay.take(np.array([3, 7]), keep_from=3) == [11, 31]
+  batch = replay.take(np.array([3, 7]), keep_from=3)
+  assert batch['x'].tolist() == [[11, 11], [31, 31]] and batch['y'][0].tolist() == [1, 1]
   with pytest.raises(RuntimeError, match='dropped'):
     replay.take(np.array([2]), keep_from=3)
+  # A round checkpoint's state continues the same replay (items, counts, priorities).
+  again = LocalReplay(capacity=5)
+  again.load_state(replay.state())
+  assert again.restored and again.calls == 4 and again.window(3, 0.0) == (3, 8)
+  again.add_call([{'x': np.full(2, 40), 'y': (np.int8(0),)}])
+  assert again.take(np.array([7, 8]), keep_from=4)['x'][:, 0].tolist() == [31, 40]
 
 
 @pytest.mark.timeout(240)
@@ -238,8 +246,8 @@ def test_r2d2_cartpole_is_the_same_run_on_any_split(make_central, tmp_path):
 def test_prioritized_draws_follow_priorities_and_their_updates():
   schedule = ReplayRoundSchedule(2, 1.0, 2, 1, 1, 2, item_period=1)
   replay = LocalReplay(capacity=10)
-  replay.add_call(['a', 'b'], [1.0, 0.0])
-  replay.add_call(['c', 'd'], [3.0, 0.0])
+  replay.add_call([np.zeros(1), np.ones(1)], [1.0, 0.0])
+  replay.add_call([np.zeros(1), np.ones(1)], [3.0, 0.0])
   batches = LocalReplayBatches(replay, schedule, seed=3, sample_size=4000,
                                priority_exponent=1.0)
   keys, probability = batches.draw(0, 0, 4, 4000)
