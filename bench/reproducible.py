@@ -14,6 +14,10 @@ and env steps to the target, the final returns, how long a reproducible run's ro
 waited for the learner (`round_learner_wait_s`: acting idle, the schedule's cost), and
 the machine's 1-minute load before and after.
 
+`--modes default,lockstep,...` adds today's schedule with a round's batching only
+(`--inference_batch_envs N`: every inference batch waits for all N training envs),
+which tells the cost of a round's batching from that of the version barrier.
+
 Why the order: modes alternate within a seed and the first mode rotates between seeds,
 so drift in the machine's load (2 cores shared with other work) favours no mode; each
 suite's ratios (a mode's median over today's) are over the same seeds. Prints a table,
@@ -44,6 +48,10 @@ MODES = {
     'reproducible_lag0': ['--reproducible'],
     'reproducible_lag1': ['--reproducible', '--reproducible_lag', '1'],
 }
+# Not in the default list: today's schedule with a round's batching only (every
+# inference batch waits for all N training envs, as a reproducible round's does; no
+# version barrier, no op determinism), to tell the two costs apart.
+LOCKSTEP = 'lockstep'
 HOW_TO_RUN = '.venv/bin/python bench/reproducible.py --suites {suites} --seeds 0,1'
 
 
@@ -59,7 +67,10 @@ def _ratio(a, b):
 def run_one(suite: str, mode: str, seed: int) -> dict:
   args, cap, _ = SUITES[suite]
   budget = ['--max_seconds', str(cap)]
-  run = ProgramRun([*args, *MODES[mode], '--seed', str(seed), *budget],
+  flags = MODES.get(mode, [])
+  if mode == LOCKSTEP:  # N: num_actors x envs_per_actor of the suite
+    flags = ['--inference_batch_envs', str(int(args[2]) * int(args[3]))]
+  run = ProgramRun([*args, *flags, '--seed', str(seed), *budget],
                    f'reproducible_{suite}_{mode}')
   load_before = os.getloadavg()[0]
   result = run.run(timeout_s=cap + 180)
@@ -94,7 +105,7 @@ def summarize(rows, suites):
   out = []
   for suite in suites:
     base = [r for r in rows if r['suite'] == suite and r['mode'] == 'default']
-    for mode in MODES:
+    for mode in [*MODES, LOCKSTEP]:
       mine = [r for r in rows if r['suite'] == suite and r['mode'] == mode]
       if not mine:
         continue
@@ -126,13 +137,15 @@ def main() -> int:
   parser.add_argument('--suites', default='catch,cartpole',
                       help=f'comma-separated, of {", ".join(SUITES)}')
   parser.add_argument('--seeds', default='0,1', help='one repeat of every mode per seed')
-  parser.add_argument('--modes', default=','.join(MODES))
+  parser.add_argument('--modes', default=','.join(MODES),
+                      help=f'of {", ".join(MODES)} and {LOCKSTEP} (a round\'s batching '
+                      'without the rest of the schedule)')
   parser.add_argument('--out', default='reproducible_cost.json')
   args = parser.parse_args()
   suites = [s for s in args.suites.split(',') if s]
   modes = [m for m in args.modes.split(',') if m]
   for name in suites + modes:
-    if name not in SUITES and name not in MODES:
+    if name not in SUITES and name not in MODES and name != LOCKSTEP:
       parser.error(f'unknown suite or mode {name!r}')
   seeds = [int(s) for s in args.seeds.split(',')]
   started = time.time()
@@ -159,7 +172,8 @@ def main() -> int:
       **commit(), 'machine': machine(), 'minutes': round((time.time() - started) / 60, 1),
       'suites': {s: {'run_local': ' '.join(SUITES[s][0]), 'cap_s': SUITES[s][1],
                      'ends_at': SUITES[s][2]} for s in suites},
-      'modes': {m: ' '.join(MODES[m]) for m in modes},
+      'modes': {m: ' '.join(MODES[m]) if m in MODES else
+                '--inference_batch_envs N (N: the training envs)' for m in modes},
       'not_measured': {s: {'run_local': ' '.join(SUITES[s][0]), 'ends_at': SUITES[s][2],
                            'command': HOW_TO_RUN.format(suites=s)} for s in skipped},
       'summary': table, 'rows': rows}
