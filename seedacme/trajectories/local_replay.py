@@ -43,7 +43,7 @@ on the clock: the run is then marked not exact) counts rounds from its restored 
 the gate does (`RoundGate.resume_at`), and the replay fills again over the warm-up
 rounds. The replay node's checkpoints never see these items.
 
-Why ~390 lines: the schedule, the replay, its sink and its sampler are one contract
+Why ~420 lines: the schedule, the replay, its sink and its sampler are one contract
 (the schedule's windows are what the sink's call counts and the sampler's draws refer
 to); apart, each would restate the others' arithmetic.
 
