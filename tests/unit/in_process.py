@@ -49,3 +49,26 @@ class InProcessActor(threading.Thread):
     except Exception as e:  # noqa: BLE001
       if not self.stop.is_set():
         self.error = e
+
+
+def run_to_its_end(central, actors, logdir, busy: int = 0):
+  """Runs an in-process reproducible program until it ends itself (a budget met at a
+  round's start), `busy` busy-looping processes beside it; checks that no actor failed
+  and returns the run's round records (`<logdir>/rounds.jsonl`)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+           for _ in range(busy)]
+  try:
+    for a in actors:
+      a.start()
+    central.run()
+  finally:
+    for p in loops:
+      p.kill()
+      p.wait()
+  assert all(a.error is None for a in actors), [a.error for a in actors]
+  with open(os.path.join(logdir, 'rounds.jsonl')) as f:
+    return [json.loads(line) for line in f]

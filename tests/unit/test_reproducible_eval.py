@@ -12,8 +12,6 @@ returns), rounds and weights.
 """
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -23,7 +21,7 @@ import pytest
 from seedacme.run.schedule import ClockClosedError, RoundSchedule
 from seedacme.serving.evaluation import EvalPasses, episodes_per_env
 from seedacme.types import FIRST, LAST, MID, Mode
-from tests.unit.in_process import InProcessActor
+from tests.unit.in_process import InProcessActor, run_to_its_end
 
 T = 4  # unroll length: eval call c falls in round round_of(c): 0 for c <= 4, then c-1 // 4
 
@@ -227,21 +225,9 @@ def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0, lag=0):
       logdir=str(logdir), progress_interval_s=1.0, seed=3, num_eval_envs=4,
       eval_episodes=8)
   evaluator = InProcessActor(central, envs.make_factory('catch'), 16, 4, actors[0].stop, Mode.EVAL)
-  loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
-           for _ in range(busy)]
-  try:
-    for a in actors + [evaluator]:
-      a.start()
-    central.run()
-  finally:
-    for p in loops:
-      p.kill()
-      p.wait()
-  assert all(a.error is None for a in actors + [evaluator])
+  rounds = run_to_its_end(central, actors + [evaluator], logdir, busy)
   with open(logdir / 'evals.jsonl') as f:
     passes = [json.loads(line) for line in f]
-  with open(logdir / 'rounds.jsonl') as f:
-    rounds = [json.loads(line) for line in f]
   return passes, rounds, central.summary
 
 

@@ -12,8 +12,6 @@ its refusals, on their own.
 import functools
 import json
 import pickle
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,7 +22,7 @@ from seedacme.agents import r2d2, registry, sac
 from seedacme.config import ProgramConfig
 from seedacme.trajectories.local_replay import (LocalReplay, LocalReplayBatches,
                                                 ReplayRoundSchedule)
-from tests.unit.in_process import InProcessActor
+from tests.unit.in_process import InProcessActor, run_to_its_end
 
 STEPS = 24  # learner steps: 2 per round after the warm-up
 
@@ -47,20 +45,7 @@ def _run(make_central, tmp_path, num_actors, envs_per_actor, busy=0,
       checkpoint_interval_s=None,
       export_policy=False,
       logdir=str(logdir), progress_interval_s=1.0, seed=3)
-  loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
-           for _ in range(busy)]
-  try:
-    for a in actors:
-      a.start()
-    central.run()
-  finally:
-    for p in loops:
-      p.kill()
-      p.wait()
-  assert all(a.error is None for a in actors), [a.error for a in actors]
-  with open(logdir / 'rounds.jsonl') as f:
-    rounds = [json.loads(line) for line in f]
-  return rounds, central.summary, central
+  return run_to_its_end(central, actors, logdir, busy), central.summary, central
 
 
 @pytest.mark.timeout(240)

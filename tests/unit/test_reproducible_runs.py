@@ -11,14 +11,12 @@ the lagged schedule (`reproducible_lag=1`: round r acts while the learner trains
 round r - 1) is as exact, and another run than lag 0's.
 """
 
-import json
-import subprocess
-import sys
 
 import pytest
 
 from seedacme.agents import ppo, registry, vtrace
 from seedacme.nodes.central import weights_sha256
+from tests.unit.in_process import run_to_its_end
 
 STEPS = 20  # learner steps of every run (one round of 16 unrolls each: 21 records)
 
@@ -36,20 +34,8 @@ def _run(make_central, tmp_path, builder_fn, env, num_actors, envs_per_actor, bu
       export_policy=False, logdir=str(logdir), progress_interval_s=1.0, seed=3)
   if watch is not None:
     watch(central)
-  loops = [subprocess.Popen([sys.executable, '-c', 'while True: pass'])
-           for _ in range(busy)]
-  try:
-    for a in actors:
-      a.start()
-    central.run()  # ends by itself: the round where the learner budget is met
-  finally:
-    for p in loops:
-      p.kill()
-      p.wait()
-  assert all(a.error is None for a in actors), [a.error for a in actors]
-  with open(logdir / 'rounds.jsonl') as f:
-    rounds = [json.loads(line) for line in f]
-  return rounds, central.summary
+  # Ends by itself: the round where the learner budget is met.
+  return run_to_its_end(central, actors, logdir, busy), central.summary
 
 
 def _check_run(rounds, summary, lag=0, steps=STEPS):
