@@ -413,7 +413,6 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
   signal.signal(signal.SIGINT, replicas.request_stop)
   forbidden = os.pathsep.join(os.path.join(REPO_ROOT, n) for n in PACKAGES)
   log_dir = log_dir or default_log_dir(logdir)
-  k = iter(range(1, 255))
   for pool in built:
     for index in range(pool.replicas):
       if (pool.name, index) in mine:
@@ -421,8 +420,9 @@ def run(program, pools: Dict[str, List[str]], resources, logdir: str,
         if job_store is not None:  # the container's entrypoint, as vertex.py submits it
           from seedacme.wire import replica_guard  # pylint: disable=g-import-not-at-top
           command = replica_guard.entrypoint(command)
-          environ = dict(os.environ, **{
-              replica_guard.LOOPBACK_ENV: CONTAINER_LOOPBACK + str(next(k))})
+          # Its loopback beside its address: 127.0.1.k -> 127.0.2.k.
+          k = spec[pool.name][index].rpartition(':')[0].rpartition('.')[2]
+          environ = dict(os.environ, **{replica_guard.LOOPBACK_ENV: CONTAINER_LOOPBACK + k})
         replicas.start(pool.name, pool.directory, command, index, seen, forbidden,
                        log_dir, tunnel.prefix() if tunnel else (), environ)
   print(f'{launcher}: {len(replicas.procs)} of {len(every)} replicas in {len(built)} pools '
@@ -450,10 +450,9 @@ def _check_listeners(replicas: Replicas, launcher: str, exposed: List[str],
   from seedacme.runtime import isolation  # pylint: disable=g-import-not-at-top
   if replicas.stopping(settle_s):
     return
-  pids = isolation.process_tree([p.pid for p in replicas.procs.values()])
-  found = isolation.non_loopback_listeners(pids)
+  found = isolation.exposed_listeners([p.pid for p in replicas.procs.values()])
   if found:
-    exposed.extend(f'{s.proto} {s.address}:{s.port} (pid {s.pid})' for s in found)
+    exposed.extend(found)
     print(f'{launcher}: replicas listen beyond loopback despite the interposer: '
           f'{", ".join(exposed)}; stopping them', file=sys.stderr, flush=True)
     replicas.request_stop()

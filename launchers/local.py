@@ -175,13 +175,6 @@ def isolate(command: List[str] | None, network: str = 'isolated') -> Tuple[str, 
   raise ExposureError(_refusal('; '.join(problems), ''))
 
 
-def check_listeners(pids: List[int]) -> List[str]:
-  """The sockets of `pids` and their descendants listening beyond loopback (start-up
-  check of the loopback mechanism: what listens, whatever asked for it)."""
-  return [f'{s.proto} {s.address}:{s.port} (pid {s.pid})'
-          for s in isolation.non_loopback_listeners(isolation.process_tree(pids))]
-
-
 def _refusal(problem: str, how_to_allow: str) -> str:
   how_to_allow = how_to_allow or '--network host (network="host" from Python)'
   return (f'cannot isolate the network ({problem}), so the program would run exposed: '
@@ -343,7 +336,7 @@ def main(argv: List[str] | None = None) -> int:
     records, offset = logdir_lib.tail_lines(logdir, offset)
     if not checked and records:  # the central node is up: its servers listen
       checked = True
-      exposed = check_listeners([os.getpid()])
+      exposed = isolation.exposed_listeners([os.getpid()])
       if exposed:
         console.event(f'seedacme: listening beyond loopback despite the interposer: '
                       f'{", ".join(exposed)}; stopping the program')

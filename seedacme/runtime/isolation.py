@@ -398,6 +398,14 @@ def non_loopback_listeners(pids: Iterable[int]) -> List[Listener]:
   return [s for s in listening_sockets(pids) if not is_loopback(s.address)]
 
 
+def exposed_listeners(pids: Iterable[int]) -> List[str]:
+  """The loopback mechanism's start-up check, as the launchers say it: every socket of
+  `pids` and their descendants listening beyond loopback ('tcp 10.0.0.2:7000 (pid N)');
+  empty: none."""
+  return [f'{s.proto} {s.address}:{s.port} (pid {s.pid})'
+          for s in non_loopback_listeners(process_tree(pids))]
+
+
 def _main(argv: List[str]) -> int:
   """`build [PATH]`: (re)build the library when missing or stale, saying what happened
   (for scripts/setup; exit 0 when no compiler: the launcher reports the mechanism as

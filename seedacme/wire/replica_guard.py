@@ -97,9 +97,9 @@ def _check_listeners(child: subprocess.Popen, exposed: List[str], stop: threadin
                      name: str) -> None:
   if stop.wait(SETTLE_S) or child.poll() is not None:
     return
-  found = isolation.non_loopback_listeners(isolation.process_tree([child.pid]))
+  found = isolation.exposed_listeners([child.pid])
   if found:
-    exposed.extend(f'{s.proto} {s.address}:{s.port} (pid {s.pid})' for s in found)
+    exposed.extend(found)
     print(f'{name}: the replica listens beyond loopback despite the interposer: '
           f'{", ".join(exposed)}; stopping it', file=sys.stderr, flush=True)
     child.terminate()

@@ -537,17 +537,14 @@ def fetch_slot_credentials(store: str, pool: str, index: int, work_dir: str
   if problem:
     raise TunnelError(f'replica {pool}/{index} cannot use the job\'s credentials: {problem}')
   made = []
-  for name in (CA_CERT, f'{pool}-{index}.{CERT}', f'{pool}-{index}.{KEY}'):
+  for name, saved_as in ((CA_CERT, CA_CERT), (f'{pool}-{index}.{CERT}', CERT),
+                         (f'{pool}-{index}.{KEY}', KEY)):
     try:
       data = _store_read(f'{store}/{name}')
-    except (OSError, TunnelError) as e:
-      raise TunnelError(f'replica {pool}/{index} cannot read its credentials '
-                        f'{store}/{name}: {e}') from None
-    except Exception as e:  # pylint: disable=broad-except  (tf.errors from a bucket)
+    except Exception as e:  # pylint: disable=broad-except  (OSError; tf.errors from a bucket)
       raise TunnelError(f'replica {pool}/{index} cannot read its credentials '
                         f'{store}/{name}: {type(e).__name__}: {e}') from None
-    made.append(os.path.join(work_dir, name.split('.', 1)[-1] if name != CA_CERT
-                             else CA_CERT))
+    made.append(os.path.join(work_dir, saved_as))
     _write(made[-1], data)
   return Credentials(*made)
 
