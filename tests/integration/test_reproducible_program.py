@@ -33,6 +33,13 @@ def test_reproducible_catch_is_the_same_run_on_2x8_and_4x4_side_by_side(tmp_path
   assert rounds[0] == rounds[1]
   assert evals[0] == evals[1] and evals[0]
   assert len(rounds[0].splitlines()) == 21  # rounds 0..20: one learner step each
+  assert_same_exact_ends(summaries)
+
+
+def assert_same_exact_ends(summaries) -> None:
+  """Two runs of `COMMAND` ended alike and exact: one weights hash, stopped at the
+  learner budget at round 20, every evaluator pass complete, the last on the final
+  weights (test_reproducible_hosts checks its pair with this too)."""
   assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
   for summary in summaries:
     assert summary['stop']['kind'] == 'learner_steps', summary['stopped_because']
