@@ -41,7 +41,7 @@ def test_a_second_server_on_the_same_directory_starts_with_the_checkpointed_item
   stop = threading.Event()
   thread = _serve(port, directory, stop)
   client = reverb.Client(f'localhost:{port}')
-  with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+  with client.trajectory_writer(num_keep_alive_refs=1, get_signature_timeout_ms=60_000) as writer:
     for i in range(7):
       writer.append({'x': np.full(3, i, np.float32)})
       writer.create_item('t', 1.0, {'x': writer.history['x'][-1]})

@@ -10,7 +10,7 @@ import pytest
 
 
 def _insert(client, values) -> None:
-  writer = client.trajectory_writer(num_keep_alive_refs=1)
+  writer = client.trajectory_writer(num_keep_alive_refs=1, get_signature_timeout_ms=60_000)
   try:
     for v in values:
       writer.append({'x': np.full(3, v, np.float32)})

@@ -58,7 +58,7 @@ def servers(tmp_path):
 
 def _insert(client, n: int, value: float = 1.0) -> None:
   """Inserts `n` items `{'x': [value] * 3}` into table 'q'."""
-  writer = client.trajectory_writer(num_keep_alive_refs=1)
+  writer = client.trajectory_writer(num_keep_alive_refs=1, get_signature_timeout_ms=60_000)
   try:
     for _ in range(n):
       writer.append({'x': np.full(3, value, np.float32)})
@@ -364,7 +364,7 @@ def test_r2d2_priority_updates_to_a_stopped_server_time_out_one_call_at_a_time(
     client = reverb.Client(f'localhost:{port}')
     assert wait_until(lambda: server_answers(client, 2), 60), \
         open(tmp_path / 'server.log').read()[-2000:]
-    writer = client.trajectory_writer(num_keep_alive_refs=1)
+    writer = client.trajectory_writer(num_keep_alive_refs=1, get_signature_timeout_ms=60_000)
     for _ in range(3):
       writer.append({'x': np.ones(3, np.float32)})
       writer.create_item('p', 1.0, {'x': writer.history['x'][-1]})

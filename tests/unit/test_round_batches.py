@@ -20,7 +20,7 @@ SIGNATURE = {'x': tf.TensorSpec((3,), tf.float32), 'env_id': tf.TensorSpec((3,),
 
 
 def _insert(client, env_ids, tag) -> None:
-  writer = client.trajectory_writer(num_keep_alive_refs=1)
+  writer = client.trajectory_writer(num_keep_alive_refs=1, get_signature_timeout_ms=60_000)
   try:
     for e in env_ids:
       writer.append({'x': np.full(3, 100 * tag + e, np.float32),
