@@ -89,6 +89,10 @@ def add_program_args(parser: argparse.ArgumentParser, envs_per_actor: int = 16,
                       'rounds up to r-1-LAG. 0: acting and learning take turns; 1: round r '
                       'acts while the learner trains on round r-1 (both exact; each its '
                       'own run)')
+  parser.add_argument('--reproducible_threads', type=int, default=2,
+                      help="with --reproducible: TensorFlow's intra-op threads on the "
+                      'central node (fixed: reductions split by it; another count is '
+                      'another run)')
   parser.add_argument('--game', default=None, help='Atari game (default Pong)')
   parser.add_argument('--env_engine', choices=ENGINES, default='python',
                       help="how actors step their envs: python (a loop over K envs), "
@@ -282,6 +286,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       logdir=logdir, progress_interval_s=args.progress_interval_s, seed=args.seed,
       reproducible=getattr(args, 'reproducible', False),
       reproducible_lag=getattr(args, 'reproducible_lag', 0),
+      reproducible_threads=getattr(args, 'reproducible_threads', 2),
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       checkpoint_rounds=getattr(args, 'checkpoint_rounds', 50),
       standby_restarts=args.standby_restarts,

@@ -93,6 +93,10 @@ class ProgramConfig:
       (`seedacme.run.schedule`): round r acts with the learner's output for rounds
       0..r-1-L. 0: acting and learning take turns; 1 (Cleanba's): round r acts while
       the learner trains on round r - 1. Each lag is exact, and another run.
+    reproducible_threads: TF's intra-op threads on the central node of a reproducible
+      run: Eigen's reductions split by it, so it is fixed rather than the machine's
+      core count (`seedacme.runtime.machine_pins`, with the instruction-set caps).
+      Another count is another run.
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
     checkpoint_rounds: a reproducible run checkpoints every this many rounds instead
@@ -175,6 +179,7 @@ class ProgramConfig:
   seed: int = 0
   reproducible: bool = False
   reproducible_lag: int = 0
+  reproducible_threads: int = 2
   checkpoint_interval_s: float | None = 60.0
   checkpoint_rounds: int = 50
   export_policy: bool = True
@@ -246,6 +251,10 @@ class ProgramConfig:
         not isinstance(self.reproducible_lag, numbers.Integral) or self.reproducible_lag < 0:
       raise ValueError(f'reproducible_lag must be an int >= 0 (rounds the acting weights '
                        f'lag the data), got {self.reproducible_lag!r}')
+    if isinstance(self.reproducible_threads, bool) or not isinstance(
+        self.reproducible_threads, numbers.Integral) or self.reproducible_threads < 1:
+      raise ValueError(f'reproducible_threads must be an int >= 1 (TF intra-op threads of '
+                       f'a reproducible run), got {self.reproducible_threads!r}')
     if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
         or self.seed < 0:
       raise ValueError(f'seed must be an int >= 0, got {self.seed!r}')

@@ -79,6 +79,7 @@ from seedacme.run.resume import EnvSnapshots, RoundCheckpoints
 from seedacme.run.schedule import ClockClosedError, RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
+from seedacme.runtime import machine_pins
 from seedacme.runtime.placement import split_cpu
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.serving.evaluation import EvalPasses, episodes_per_env
@@ -149,6 +150,12 @@ class CentralNode:
     if config.max_abs_reward is not None:  # the config's bound over the env's
       spec = dataclasses.replace(spec, max_abs_reward=config.max_abs_reward)
     self._spec = spec
+    if config.reproducible:  # TF's threads, before its runtime starts
+      try:
+        machine_pins.pin_tf_threads(config.reproducible_threads)
+      except RuntimeError as e:  # started already (the summary's `unpinned` names it)
+        logging.warning('reproducible: cannot fix TF intra-op threads at %d here: %s',
+                        config.reproducible_threads, e)
     split_cpu(config.logical_cpus)  # before TF lists its devices
     self.device = compute_device(config.accelerator)  # logs it; refuses a missing one
     startup.mark('learner', 'devices')
@@ -552,7 +559,9 @@ class CentralNode:
       out.update(reproducible=True, last_round=self.rounds.round,
                  exact_until_round=self.rounds.exact_until_round,
                  not_exact_because=self.rounds.not_exact_because,
-                 round_learner_wait_s=self.rounds.learner_wait_s)
+                 round_learner_wait_s=self.rounds.learner_wait_s,
+                 reproducible_machine=machine_pins.describe(
+                     self._config.reproducible_threads))
     if self.evaluation is not None:
       out.update(self.evaluation.summary())
     return out

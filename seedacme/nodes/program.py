@@ -29,6 +29,7 @@ from seedacme.builder import SeedBuilder
 from seedacme.config import ProgramConfig
 from seedacme.nodes.central_process import SupervisedCentralNode
 from seedacme.nodes.replay import ReplayNode
+from seedacme.runtime import machine_pins
 from seedacme.run import identity
 from seedacme.run.schedule import eval_env_seed, train_env_seed
 from seedacme.runtime.supervisor import run_supervised
@@ -72,6 +73,10 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
   """
   config.validate(builder, env_factory)
   builder.check_spec(spec)
+  if config.reproducible:
+    # Before any node process starts: they inherit it (numpy and oneDNN read it when
+    # they load), so the run computes as on an AVX2 CPU wherever it runs.
+    machine_pins.pin_environ()
   # The env a resume compares (seedacme.run.identity): the factory's own, so a
   # launcher's program and one composed in Python record the same kind.
   config = dataclasses.replace(config, env_factory_identity=identity.factory_identity(

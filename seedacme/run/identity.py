@@ -42,8 +42,9 @@ What is compared, and why:
 - `reproducible` and, with it, the number of training envs (`num_train_envs`: the
   rounds and seeds of `seedacme.run.schedule`), recorded only by a reproducible run:
   a resume may not switch between schedules, nor change N (another split of the same
-  N envs is the same run); and its `reproducible_lag` when not 0 (a lag-0 checkpoint
-  saved before the field resumes as it was).
+  N envs is the same run); and its `reproducible_lag` when not 0 and
+  `reproducible_threads` when not 2 (a checkpoint saved before those fields resumes as
+  it was).
 Not compared: budgets and targets (a resume may extend them; but PPO with
 `anneal_to_budget` derives its learning-rate decay steps from `--max_env_steps`, so a
 resume with another budget changes `agent_config.learning_rate_decay_steps` and is
@@ -350,6 +351,9 @@ def run_identity(builder: Any, spec: Any, config: Any) -> Dict[str, Any]:
       **({'reproducible_lag': config.reproducible_lag}
          if getattr(config, 'reproducible', False)
          and getattr(config, 'reproducible_lag', 0) else {}),
+      **({'reproducible_threads': config.reproducible_threads}
+         if getattr(config, 'reproducible', False)
+         and getattr(config, 'reproducible_threads', 2) != 2 else {}),
   })
 
 

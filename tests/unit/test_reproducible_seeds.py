@@ -10,6 +10,8 @@
 """
 
 import hashlib
+import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -34,7 +36,8 @@ def _nodes(argv, tmp_path):
   """[(node kwargs)] of the actors and evaluator of the program `run_local argv` builds."""
   args = local.parse_args([*argv, '--checkpoint_interval_s', '0'])
   factory, spec, builder, config = program_flags.make_program_inputs(args, str(tmp_path))
-  program = program_lib.make_program(builder, factory, spec, config, name='t')
+  with mock.patch.dict(os.environ):  # make_program pins the launcher's (machine_pins)
+    program = program_lib.make_program(builder, factory, spec, config, name='t')
   return {group: [getattr(n, '_func_kwargs', None) or n._kwargs for n in nodes]  # pylint: disable=protected-access
           for group, nodes in program.groups.items() if group in ('actor', 'evaluator')}
 
