@@ -44,6 +44,16 @@ VARIANTS: Dict[str, Any] = {
     'rmsprop': ({}, {'optimizer': 'rmsprop'}, None),
     'intra1': ({}, {}, (1, 1)),
     'onednn+intra2inter1': ({'TF_ENABLE_ONEDNN_OPTS': '1'}, {}, (2, 1)),
+    # A reproducible run's pins (seedacme.runtime.machine_pins) that touch the step:
+    # oneDNN capped at AVX2, OpenBLAS Haswell on one thread, 2 intra-op threads.
+    'reproducible_pins': ({'TF_ENABLE_ONEDNN_OPTS': '1', 'ONEDNN_MAX_CPU_ISA': 'AVX2',
+                           'OPENBLAS_CORETYPE': 'Haswell', 'OPENBLAS_NUM_THREADS': '1'},
+                          {}, (2, 0)),
+    # The same with oneDNN capped at AVX-512 (no AMX, VNNI, BF16): what an AVX-512 cap
+    # would cost instead (such a run agrees only with AVX-512 CPUs).
+    'pins_avx512': ({'TF_ENABLE_ONEDNN_OPTS': '1', 'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE',
+                     'OPENBLAS_CORETYPE': 'Haswell', 'OPENBLAS_NUM_THREADS': '1'},
+                    {}, (2, 0)),
     # Replay agents: gradient steps fused per compiled call (R2D2Config, SACConfig).
     'sgd4': ({}, {'sgd_steps_per_sample': 4}, None),
     'sgd8': ({}, {'sgd_steps_per_sample': 8}, None),

@@ -35,8 +35,12 @@ throughout; such a run is exact against itself, not against the published figure
 other builds of TF, numpy, MuJoCo or glibc (the constraints pin the Python ones; glibc's
 libm is the OS's); a GPU's kernels; DMLab and Football engines (not probed).
 
-Cost: the AVX2 cap and two threads, on this machine: docs/running.md "Reproducible
-runs" (bench/reproducible.py runs with the pins, so its rows include them).
+Cost, on this AVX-512 machine (bench/learner_speed.py, variants side by side at load
+5; bench/published/learner_speed_pins*.json): the Nature CNN V-trace learner step at
+0.81x (0.69x in a first run) with the pins, 1.04x with oneDNN capped at AVX-512
+instead; PPO's MLP step 1.05x (no cost). A user who wants the speed and needs
+agreement only with AVX-512 CPUs sets `ONEDNN_MAX_CPU_ISA=AVX512_CORE` (kept and
+recorded).
 
 Standard library only: the launchers import it before TensorFlow.
 """
