@@ -216,10 +216,8 @@ class CentralNode:
     self._envs_handed: set = set()  # envs whose actor took its snapshot (`resume_envs`)
     self._resumed_metrics: Dict[str, float] = {}
     if config.checkpoint_interval_s is not None:
-      # Lag 0 only: with a lag, a round's start leaves L rounds of unrolls in the queue
-      # that a round state does not hold (such a resume is recorded as not exact).
       if self.rounds is not None and self.server is not None and \
-          not getattr(config, 'reproducible_lag', 0):
+          self._keeps_lagged_rounds():
         self._round_checkpoints = RoundCheckpoints(os.path.join(config.logdir,
                                                                 'checkpoints'))
         self._env_snapshots = EnvSnapshots(config.num_train_envs)
@@ -264,6 +262,22 @@ class CentralNode:
                  config.num_train_envs, serving.max_batch_envs,
                  config.inference_timeout_ms)
 
+  def _keeps_lagged_rounds(self) -> bool:
+    """With a lag L, a round's start leaves the L rounds before it in the queue for the
+    learner: the trajectory sink keeps their L x N unrolls for the round state (and a
+    resume writes them again). False: it cannot, so no round checkpoints (a resume is
+    then recorded as not exact)."""
+    lag = self._config.reproducible_lag
+    sink = self.server.trajectory_sink
+    if not lag or sink is None:
+      return True
+    try:
+      sink.keep_recent(lag * self._config.num_train_envs)
+    except NotImplementedError as e:
+      logging.warning('reproducible_lag=%d: no round checkpoints (%s)', lag, e)
+      return False
+    return True
+
   def _resume_rounds(self, replay: Any) -> None:
     """A reproducible run resumed: from the round state saved with the checkpoint
     (`seedacme.run.resume`), exactly at its round -- or, without one, with rounds
@@ -295,6 +309,13 @@ class CentralNode:
       except Exception as e:  # pylint: disable=broad-except
         self.rounds.not_exact(f'resumed at round {r}: the replay table could not be '
                               f'emptied ({type(e).__name__}: {e})', r)
+    # A lag L: the L rounds of unrolls the learner had yet to take, in their order.
+    sink = self.server.trajectory_sink
+    rewritten = sink.rewrite_recent() if sink is not None else 0
+    wanted = self._config.reproducible_lag * self._config.num_train_envs
+    if rewritten != wanted:
+      self.rounds.not_exact(f'resumed at round {r}: {rewritten} unrolls of the rounds '
+                            f'before it saved for the learner, {wanted} wanted', r)
     missing = state['server']['missing']
     if missing:
       self.rounds.not_exact(f'resumed at round {r}: the server could not save its '

@@ -131,7 +131,7 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
   # checkpoint round and take them back on an exact resume (seedacme.run.resume).
   snapshots = {}
   if config.reproducible and config.checkpoint_interval_s is not None and \
-      config.inference == 'central' and not getattr(config, 'reproducible_lag', 0):
+      config.inference == 'central':
     calls_per_round = builder.round_schedule(config.num_train_envs).unroll_length
     snapshots = {'round_snapshots': (calls_per_round, config.checkpoint_rounds)}
   with program.group('actor'):

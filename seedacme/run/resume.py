@@ -7,8 +7,11 @@ mid-round, with calls in flight, unrolls half in the queue and the envs' episode
 the actors. So a reproducible run checkpoints at rounds instead: every
 `checkpoint_rounds`-th round (`ProgramConfig.checkpoint_rounds`), at the round's
 start, in the round gate's hook. There the state is quiescent: the weights are the
-version the round acts with, the learner has taken every unroll of the rounds before
-(lag 0: S(r) steps) and waits for the next round's, and no batch is being served.
+version the round acts with (lag 0), the learner stands at S(r) and waits for the
+round's start to take its next step, and no batch is being served. With a lag L the
+learner has yet to take the L rounds before r: the trajectory sink keeps their L x N
+unrolls (`TrajectorySink.keep_recent`), the round state holds them, and a resume writes
+them to the emptied queue again, in their order, before round r's.
 
 What a round checkpoint holds:
 * the TF checkpoint as before (weights, optimizer, learner steps, counters);
@@ -56,9 +59,8 @@ are not checked here.
 
 Not exact, and recorded as such: a central node restarted alone (its actors go on
 from where they are, not from the round: `exact_until_round` is the resumed round), a
-lagged schedule (`reproducible_lag` >= 1 leaves L rounds of unrolls in the queue at a
-round's start: no round checkpoints then, and a resume is not exact from round 0), the
-evaluator's envs (not saved: its passes after a resume are marked not exact).
+round state without the L rounds of unrolls a lagged run needs, the evaluator's envs
+(not saved: its passes after a resume are marked not exact).
 
 Why this shape rather than actors writing their envs beside the checkpoint: actors
 import no TensorFlow and may run on other hosts than the logdir's writer (a `gs://`

@@ -42,9 +42,9 @@ def _rounds(logdir):
 
 
 def _start(make_central, builder, env, logdir, actor=InProcessActor, steps=STEPS, split=(2, 8),
-           checkpoints=True):
+           checkpoints=True, lag=0):
   central, _, actors, _ = make_central(
-      builder, env, *split, reproducible=True, max_learner_steps=steps,
+      builder, env, *split, reproducible=True, reproducible_lag=lag, max_learner_steps=steps,
       checkpoint_interval_s=3600.0 if checkpoints else None, checkpoint_rounds=EVERY,
       export_policy=False, logdir=str(logdir), progress_interval_s=1.0, seed=3,
       actor=functools.partial(actor, snapshots=(builder.config.unroll_length, EVERY)))
@@ -77,29 +77,32 @@ def _killed_after_round(make_central, builder_fn, env, logdir, after_round, **kw
   return central.summary
 
 
-def _check_resume(make_central, tmp_path, builder_fn, env, resume_split=(2, 8)):
+def _check_resume(make_central, tmp_path, builder_fn, env, resume_split=(2, 8), lag=0):
   """A uninterrupted; B stopped two rounds after its checkpoint at round 2 * EVERY,
   then resumed on `resume_split` actors x envs: B's records and weights are A's."""
   whole, summary_a, _ = _run_to_end(make_central, builder_fn, env, tmp_path / 'a',
-                                    checkpoints=False)
+                                    checkpoints=False, lag=lag)
   assert summary_a['exact_until_round'] is None, summary_a['not_exact_because']
-  assert [r['round'] for r in whole] == list(range(STEPS + 1))
+  assert [r['round'] for r in whole] == list(range(STEPS + 1 + lag))
   b = tmp_path / 'b'
-  killed = _killed_after_round(make_central, builder_fn, env, b, 2 * EVERY + 2)
+  killed = _killed_after_round(make_central, builder_fn, env, b, 2 * EVERY + 2, lag=lag)
   assert killed['stop']['kind'] == 'stop_requested', killed['stopped_because']
   written = _rounds(b)
   assert written[-1]['round'] >= 2 * EVERY + 2  # records past the checkpoint
+  with open(b / 'checkpoints' / 'rounds' / f'round-{2 * EVERY}.pkl', 'rb') as f:
+    saved = pickle.load(f)
+  assert sorted(saved['envs']) == list(range(16)) and saved['envs_missing'] is None
+  # With a lag L, the L rounds of unrolls the learner had yet to take, in env-id order.
+  recent = saved['server']['sink'].get('recent') or []
+  assert [int(e) for g in recent for e in g['extras']['env_id'][:, 0]] == list(range(16)) * lag
   assert written == whole[:len(written)]
   resumed, summary_b, at = _run_to_end(make_central, builder_fn, env, b,
-                                       split=resume_split)
+                                       split=resume_split, lag=lag)
   assert at == 2 * EVERY  # the last round checkpoint before the stop
   assert summary_b['exact_until_round'] is None, summary_b['not_exact_because']
   assert summary_b['stop']['kind'] == 'learner_steps', summary_b['stopped_because']
   assert resumed == whole
   assert summary_b['weights_sha256'] == summary_a['weights_sha256']
-  with open(b / 'checkpoints' / 'rounds' / f'round-{2 * EVERY}.pkl', 'rb') as f:
-    saved = pickle.load(f)
-  assert sorted(saved['envs']) == list(range(16)) and saved['envs_missing'] is None
   return summary_b
 
 
@@ -114,6 +117,17 @@ def test_vtrace_catch_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
 def test_ppo_cartpole_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
     make_central, tmp_path):
   _check_resume(make_central, tmp_path, _ppo_cartpole, 'cartpole')
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('builder_fn, env, lag, resume_split', [
+    (_vtrace_catch, 'catch', 2, (4, 4)), (_ppo_cartpole, 'cartpole', 1, (2, 8))])
+def test_a_lagged_run_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
+    make_central, tmp_path, builder_fn, env, lag, resume_split):
+  # At a round's start the learner has yet to take the L rounds before it: the round
+  # state holds their L x 16 unrolls and the resume writes them to the queue again.
+  _check_resume(make_central, tmp_path, builder_fn, env, resume_split=resume_split,
+                lag=lag)
 
 
 class UnpicklableActor(InProcessActor):
