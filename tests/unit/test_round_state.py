@@ -222,11 +222,11 @@ def test_a_policy_without_acting_state_is_named_as_missing():
   assert server.round_state()['missing'] == ['policy']
 
 
-@pytest.mark.parametrize('env', ['catch', 'cartpole', 'mujoco'])
+@pytest.mark.parametrize('env', ['catch', 'cartpole', 'mujoco', 'atari'])
 def test_batched_env_snapshot_continues_the_same_episodes(env):
   if env == 'mujoco':
     pytest.importorskip('mujoco')
-  factory = envs.make_factory(env)
+  factory = envs.make_factory(env, **({'game': 'Breakout'} if env == 'atari' else {}))
   a = BatchedEnv(factory, 3, seed=11)
   spec = a.spec
   rng = np.random.default_rng(2)
@@ -243,7 +243,7 @@ def test_batched_env_snapshot_continues_the_same_episodes(env):
   b.recv()
   b.restore(blobs)
   np.testing.assert_array_equal(b.recv().step.observation, a._batch().observation)  # pylint: disable=protected-access
-  for _ in range(60):
+  for _ in range(300 if env == 'atari' else 60):  # Breakout: a life lost or two
     act = actions()
     x = a.step(act)
     b.send(act)
@@ -284,6 +284,14 @@ def test_an_env_that_pickles_by_its_arguments_is_refused_by_name():
   engine = BatchedEnv(lambda seed: GymnasiumEnv(_ByArguments(), seed=seed), 2)
   engine.reset()
   with pytest.raises(EnvSnapshotError, match=r'_ByArguments pickles by its constructor'):
+    engine.snapshot()
+
+
+def test_atari_with_sticky_actions_is_refused_by_name():
+  engine = BatchedEnv(envs.make_factory('atari', game='Pong', repeat_action_probability=0.25),
+                      1)
+  engine.reset()
+  with pytest.raises(EnvSnapshotError, match=r'sticky actions \(repeat_action_probability=0.25\)'):
     engine.snapshot()
 
 
