@@ -136,8 +136,10 @@ class Checkpointer:
           'resume restores every saved object or none (another network or agent '
           'config needs another --logdir)')
 
-  def restore(self) -> Dict[str, int] | None:
-    """Restores the latest checkpoint; returns its counters (None: fresh start).
+  def restore(self, prefer: Callable[[int], bool] | None = None) -> Dict[str, int] | None:
+    """Restores the latest checkpoint -- or, given `prefer`, the newest whose learner
+    steps it accepts, if any (a reproducible run: one it can resume exactly from);
+    returns its counters (None: fresh start).
 
     Raises `RunConfigMismatchError` (another run's config) or `CheckpointMismatchError`
     (objects that do not match: found before any variable changes; a shape that
@@ -145,6 +147,14 @@ class Checkpointer:
     path = self._manager.latest_checkpoint
     if path is None:
       return None
+    if prefer is not None:
+      latest = path
+      path = next((p for p in reversed(self._manager.checkpoints)
+                   if prefer(saved_learner_steps(p))), latest)
+      if path != latest:
+        self._log_event(f'resuming from {os.path.basename(path)} (learner step '
+                        f'{saved_learner_steps(path)}), the newest this run continues '
+                        f'exactly from, not the latest {os.path.basename(latest)}')
     changes = []
     if self._identity is not None:
       try:
@@ -213,6 +223,12 @@ class Checkpointer:
     if time.monotonic() - self._last_save < self._interval_s:
       return None
     return self.save(counters)
+
+
+def saved_learner_steps(path: str) -> int:
+  """The learner steps a checkpoint holds, read without restoring it."""
+  return int(tf.train.load_checkpoint(path).get_tensor(
+      'learner_steps/.ATTRIBUTES/VARIABLE_VALUE'))
 
 
 class _ExportedPolicy(tf.Module):

@@ -75,7 +75,7 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
-from seedacme.run.resume import EnvSnapshots, RoundCheckpoints
+from seedacme.run.resume import continues_exactly, EnvSnapshots, RoundCheckpoints
 from seedacme.run.schedule import ClockClosedError, RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
@@ -228,7 +228,11 @@ class CentralNode:
                                         identity=run_identity(builder, spec, config),
                                         allow_changes=config.allow_config_change,
                                         log_event=self.monitor.progress.log_event)
-      restored = self._checkpointer.restore()
+      # A reproducible run resumes from its newest checkpoint with every env's state:
+      # a run ended by a budget off a checkpoint round saved its last one without them.
+      rounds = self._round_checkpoints
+      restored = self._checkpointer.restore(prefer=None if rounds is None else (
+          lambda steps: continues_exactly(rounds.find(steps))))
       if restored is not None:
         self.resumed_from = self.learner_steps = restored['learner_steps']
         self.acting.restore(restored['env_steps'], restored['episodes'])

@@ -38,8 +38,10 @@ a resume takes the round state whose learner steps are the checkpoint's. Only ro
 checkpoints are saved in a reproducible run (no wall-clock saves, none when a signal
 stops it mid-round): a resume always starts at a round, losing at most
 `checkpoint_rounds` rounds. A run that ends at a budget or a target saves at that
-round too (the actors did not snapshot there unless it is a checkpoint round: a resume
-from it is recorded as not exact from that round).
+round too, for its final weights, but the actors snapshot only at checkpoint rounds:
+a resume (a larger budget) starts from the newest checkpoint whose round state has
+every env (`continues_exactly`, `Checkpointer.restore(prefer=...)`), the checkpoint
+round before, and is the uninterrupted run.
 
 On resume the central node restores the server's state and puts the gate at the
 round's first call; each actor asks for its envs (`CentralNode.resume_envs`, answered
@@ -134,6 +136,13 @@ class RoundCheckpoints:
       if state.get('learner_steps') == learner_steps:
         return state
     return None
+
+
+def continues_exactly(state: Dict[str, Any] | None) -> bool:
+  """Whether a round state holds everything an exact resume needs: every env, and
+  every part of the server's state."""
+  return state is not None and not state.get('envs_missing') and \
+      not state['server'].get('missing')
 
 
 class EnvSnapshots:

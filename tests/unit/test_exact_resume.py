@@ -130,6 +130,26 @@ def test_a_lagged_run_resumed_at_a_round_checkpoint_is_the_uninterrupted_run(
                 lag=lag)
 
 
+@pytest.mark.timeout(240)
+def test_a_run_ended_off_a_checkpoint_round_extends_exactly_from_the_round_before(
+    make_central, tmp_path):
+  """A budget met at round 13 saves its last checkpoint without the envs (the actors
+  snapshot only at checkpoint rounds); the same run with a larger budget resumes from
+  round 10's and is the uninterrupted run."""
+  whole, summary_a, _ = _run_to_end(make_central, _vtrace_catch, 'catch', tmp_path / 'a',
+                                    checkpoints=False)
+  b = tmp_path / 'b'
+  first, summary_first, _ = _run_to_end(make_central, _vtrace_catch, 'catch', b, steps=13)
+  assert summary_first['stop']['kind'] == 'learner_steps' and first == whole[:14]
+  resumed, summary_b, at = _run_to_end(make_central, _vtrace_catch, 'catch', b)
+  assert at == 2 * EVERY
+  assert summary_b['exact_until_round'] is None, summary_b['not_exact_because']
+  assert resumed == whole
+  assert summary_b['weights_sha256'] == summary_a['weights_sha256']
+  with open(b / 'progress.jsonl') as f:
+    assert 'the newest this run continues exactly from, not the latest' in f.read()
+
+
 class UnpicklableActor(InProcessActor):
   """An actor whose first env holds a lock: it does not pickle."""
 
