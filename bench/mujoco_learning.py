@@ -109,17 +109,36 @@ def launch(cmd: List[str], logdir: str, cap_s: float,
           'machine': {k: harness.machine()[k] for k in ('cpu', 'cores')}}
 
 
-def analyse(records: List[Dict[str, Any]],
-            summary: Dict[str, Any] | None) -> 'tuple[Dict[str, Any], list]':
+def round_records(logdir: str) -> List[Dict[str, Any]]:
+  """A `--reproducible` run's round records (rounds.jsonl: the same in every run of its
+  seed, where progress records fall on the clock), shaped as progress records for the
+  curve functions (`elapsed_s`: the round; `eval_average_return`: the evaluator's pass
+  that played the round's weights, evals.jsonl); [] for any other run."""
+  path = os.path.join(logdir, 'rounds.jsonl')
+  if not os.path.isfile(path):
+    return []
+  evals = {}  # round -> the evaluator's average of the pass that played its weights
+  if os.path.isfile(os.path.join(logdir, 'evals.jsonl')):
+    with open(os.path.join(logdir, 'evals.jsonl')) as f:
+      evals = {p['round']: p['average_return'] for p in map(json.loads, f)}
+  with open(path) as f:
+    return [dict(r, elapsed_s=float(r['round']), eval_average_return=evals.get(r['round']))
+            for r in map(json.loads, f)]
+
+
+def analyse(records: List[Dict[str, Any]], summary: Dict[str, Any] | None,
+            rounds: List[Dict[str, Any]] | None = None) -> 'tuple[Dict[str, Any], list]':
   """The figures of one run from its progress records (every segment) and summary, and
-  its curve: [env steps, training average] where the average covers a full window."""
+  its curve: [env steps, training average] where the average covers a full window. A
+  reproducible run's returns and curve come from its `rounds` instead (exact)."""
   segments = [r['elapsed_s'] for r, nxt in zip(records, records[1:] + [None])
               if nxt is None or nxt['elapsed_s'] < r['elapsed_s']]  # a resume restarts it
   if summary and segments:
     segments[-1] = max(segments[-1], summary['elapsed_s'])
   run_s = sum(segments) or (summary or {}).get('elapsed_s') or 0.0
   final = summary or (records[-1] if records else {})
-  trained = [r for r, ok in zip(records, full_windows(records))
+  curve_records = rounds or records
+  trained = [r for r, ok in zip(curve_records, full_windows(curve_records))
              if ok and r.get('average_return') is not None]
   lags = [r['learner_policy_lag'] for r in records if r.get('learner_policy_lag') is not None]
   env_steps = final.get('env_steps') or 0
@@ -140,6 +159,10 @@ def analyse(records: List[Dict[str, Any]],
       'learner_means': harness.learner_means(records),
       'stopped_because': summary['stopped_because'] if summary else 'no summary',
       'stop_kind': ((summary or {}).get('stop') or {}).get('kind'),
+      # A reproducible run: its weights, how far it is exact, what it pinned.
+      **{k: (summary or {}).get(k) for k in (
+          'reproducible', 'weights_sha256', 'exact_until_round', 'not_exact_because',
+          'reproducible_machine') if (summary or {}).get('reproducible')},
   }, [[r['env_steps'], r['average_return']] for r in trained]
 
 
@@ -313,8 +336,9 @@ def main() -> int:
           json.dump(meta, f, indent=1)
       summary = logdir_lib.read_summary(logdir)
     records[name] = logdir_lib.read_progress(logdir)
-    figures, curves[name] = analyse(records[name], summary)
-    sampled[name] = published_curve(records[name], every)
+    rounds = round_records(logdir)
+    figures, curves[name] = analyse(records[name], summary, rounds)
+    sampled[name] = published_curve(rounds or records[name], every)
     last = meta['launches'][-1] if meta['launches'] else {}
     load_1m[name] = {'before': last.get('load_1m_before'), 'after': last.get('load_1m_after')}
     rows.append({'name': name, 'task': task, 'agent': agent, 'seed': int(seed),

@@ -126,6 +126,31 @@ def test_readme_command_runs_what_the_cited_run_ran(row):
                      + '\n  '.join(diffs))
 
 
+REPRODUCIBLE_ROWS = [r for r in ROWS if '--reproducible' in r['args']]
+
+
+@pytest.mark.parametrize('row', REPRODUCIBLE_ROWS,
+                         ids=lambda r: f'line{r["line"]}:{r["path"][16:]}')
+def test_a_reproducible_line_names_its_seed_and_that_runs_exact_figure(row):
+  """Issue 63: a `--reproducible` line names a seed, the cited file holds that seed's
+  run made with `--reproducible`, exact to its end, and the line's comment gives that
+  run's return at its budget as recorded (rounded: `seed N: exactly X`)."""
+  args = local.parse_args(row['args'])
+  assert '--seed' in row['args'], f'README line {row["line"]} names no --seed'
+  with open(os.path.join(REPO, row['path'])) as f:
+    data = json.load(f)
+  runs = [r for r in data['runs'] if r['seed'] == args.seed]
+  assert len(runs) == 1, f'{row["path"]} has {len(runs)} runs of seed {args.seed}'
+  run = runs[0]
+  assert '--reproducible' in run_local_args(run['command']), run['command']
+  assert run.get('exact_until_round', 'absent') is None, run.get('not_exact_because')
+  budget = args.max_env_steps
+  mark = {1_000_000: 'return_at_1M', 300_000: 'return_at_300k'}[budget]
+  with open(README) as f:
+    line = f.read().splitlines()[row['line'] - 1]
+  assert f'seed {args.seed}: exactly {round(run[mark]):,}' in line, (line, run[mark])
+
+
 def _row(path: str) -> Dict[str, Any]:
   return next(r for r in ROWS if r['path'] == path)
 
