@@ -28,7 +28,8 @@ actions from the inference server.
 Round checkpoints. In a reproducible run with them (`round_snapshots`), the actor hands
 its envs, pickled, to the central node before each checkpoint round's first request,
 and on start asks for them back: an exact resume continues its envs where the round
-checkpoint left them (`seedacme.run.resume`).
+checkpoint left them (`seedacme.run.resume`). The evaluator does the same at its own
+calls of those numbers (its calls are counted as a training env's).
 
 Env faults. An env that raises, or whose step (reset included) has not returned after
 `env_step_timeout_s` (a watchdog thread), is reported to the central node by name
@@ -186,9 +187,8 @@ class EnvActor:
     self._transport = transport
     self.path: InferencePath | None = None  # made by `run`, with its stop event
     self._nice = nice
-    self._snapshots = None if round_snapshots is None or mode is not Mode.TRAIN else \
-        ActorSnapshots(self.env_ids, *round_snapshots, send=self._send_snapshot,
-                       fetch=self._fetch_snapshot)
+    self._snapshots = None if round_snapshots is None else ActorSnapshots(
+        self.env_ids, *round_snapshots, send=self._send_snapshot, fetch=self._fetch_snapshot)
     if self.restarts:
       logging.info('Actor %d restarted (%d before): env seeds from %d (base seed %d)',
                    actor_id, self.restarts, self.seed, seed)

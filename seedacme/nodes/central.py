@@ -75,7 +75,8 @@ from seedacme.run.accounting import ActingLog
 from seedacme.run.identity import run_identity
 from seedacme.run.monitor import RunMonitor, StopKind, StopReason
 from seedacme.run.progress import format_line
-from seedacme.run.resume import continues_exactly, EnvSnapshots, RoundCheckpoints
+from seedacme.run.resume import (checkpoint_round, continues_exactly, EnvSnapshots,
+                                  RoundCheckpoints)
 from seedacme.run.schedule import ClockClosedError, RoundClock
 from seedacme.runtime import startup
 from seedacme.runtime.devices import compute_device
@@ -211,6 +212,11 @@ class CentralNode:
     # the envs' snapshots as actors hand them in, and what a resume continues from.
     self._round_checkpoints: RoundCheckpoints | None = None
     self._env_snapshots: EnvSnapshots | None = None
+    # The evaluator's part of round checkpoints: its state and envs at its own call of
+    # a checkpoint round's first call number (`_eval_call`, `env_snapshot`), per round.
+    self._eval_checkpoints: RoundCheckpoints | None = None
+    self._eval_parts: Dict[int, Dict[str, Any]] = {}
+    self._eval_parts_lock = threading.Lock()
     self.resumed_round: int | None = None
     self._resumed_envs: Dict[int, bytes] = {}
     self._envs_handed: set = set()  # envs whose actor took its snapshot (`resume_envs`)
@@ -221,6 +227,8 @@ class CentralNode:
         self._round_checkpoints = RoundCheckpoints(os.path.join(config.logdir,
                                                                 'checkpoints'))
         self._env_snapshots = EnvSnapshots(config.num_train_envs)
+        self._eval_checkpoints = RoundCheckpoints(os.path.join(config.logdir, 'checkpoints'),
+                                                  prefix='eval')
       # A resume is this run or a refusal (seedacme.run.identity): fatal, not retried.
       self._checkpointer = Checkpointer(os.path.join(config.logdir, 'checkpoints'),
                                         self.learner.checkpoint_state(),
@@ -249,11 +257,10 @@ class CentralNode:
     self.evaluation: EvalPasses | None = None
     if self.rounds is not None and self.server is not None and config.num_eval_envs:
       self.evaluation = self._make_evaluation()
+      if self._eval_checkpoints is not None:
+        self.server.on_eval_call = self._eval_call
       if self.resumed_round is not None:
-        # Its passes go on from the resumed round; its envs start over (not saved).
-        self.evaluation.calls = self.rounds.schedule.first_call(self.resumed_round)
-        self.evaluation.not_exact(f'resumed at round {self.resumed_round}: the '
-                                  'evaluator\'s envs start over')
+        self._resume_evaluation(self.resumed_round)
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
     self.summary: Dict[str, Any] | None = None
@@ -362,22 +369,32 @@ class CentralNode:
         not (why is None or isinstance(why, str)):
       raise InvalidRequestError('env_snapshot: expected (round >= 1, [env ids], [bytes] '
                                 'or None, why or None)')
-    if self._env_snapshots is not None:
-      try:
-        self._env_snapshots.offer(round_index, env_ids, blobs, why and why[:1000])
-      except ValueError as e:
-        raise InvalidRequestError(f'env_snapshot: {e}') from None
+    if self._env_snapshots is None:
+      return
+    first_eval, n = self._config.num_train_envs, self._config.num_envs
+    if env_ids and all(first_eval <= i < n for i in env_ids):  # the evaluator's
+      if len(env_ids) != n - first_eval or (blobs is not None and len(blobs) != len(env_ids)):
+        raise InvalidRequestError(f'env_snapshot: the evaluator\'s envs are {first_eval}..'
+                                  f'{n - 1}, all at once, got {len(env_ids)}')
+      self._eval_part(round_index, envs=None if blobs is None else dict(zip(env_ids, blobs)),
+                      envs_missing=why and why[:1000])
+      return
+    try:
+      self._env_snapshots.offer(round_index, env_ids, blobs, why and why[:1000])
+    except ValueError as e:
+      raise InvalidRequestError(f'env_snapshot: {e}') from None
 
   def resume_envs(self, *args) -> Dict[str, Any] | None:
-    """(env ids): for an actor starting, its envs' snapshots at the round this run
-    resumed at, if they were saved and none of them has been served since (else None:
-    it starts its envs anew, and a mid-run restart is recorded as one)."""
+    """(env ids): for an actor (or the evaluator) starting, its envs' snapshots at the
+    round this run resumed at, if they were saved and none of them has been served
+    since (else None: it starts its envs anew, and a mid-run restart is recorded as
+    one)."""
     if len(args) != 1 or not isinstance(args[0], (list, tuple, np.ndarray)) or \
         any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) for i in args[0]):
       raise InvalidRequestError('resume_envs takes one list of env ids')
     ids = np.asarray(args[0], np.int64)
     if self.resumed_round is None or self.server is None or not ids.size or \
-        ids.min() < 0 or ids.max() >= self.rounds.num_envs or \
+        ids.min() < 0 or ids.max() >= self._config.num_envs or \
         not self.server.restored_envs(ids).all() or \
         any(int(i) not in self._resumed_envs for i in ids):
       return None
@@ -385,6 +402,53 @@ class CentralNode:
     return {'round': self.resumed_round,
             'call': self.rounds.schedule.first_call(self.resumed_round),
             'blobs': [self._resumed_envs[int(i)] for i in ids]}
+
+  # ---- the evaluator across a resume (`seedacme.run.resume`) --------------------------
+  def _eval_call(self, calls: int, env_ids: np.ndarray) -> None:
+    """The server's hook before each evaluator call: at a checkpoint round's first call
+    number, the evaluator's passes and the eval policy's state of its envs."""
+    r = checkpoint_round(calls, self.rounds.schedule.unroll_length,
+                         self._config.checkpoint_rounds)
+    if r is not None:
+      self._eval_part(r, passes=self.evaluation.state(),
+                      policy=self._eval_policy.acting_state(env_ids))
+
+  def _eval_part(self, round_index: int, **part: Any) -> None:
+    """Part of the evaluator's state at round `round_index`'s first call number; once
+    its envs (or why not) and the server's side are both in, written beside the round
+    checkpoint (`eval-<r>.pkl`)."""
+    with self._eval_parts_lock:
+      got = self._eval_parts.setdefault(round_index, {})
+      got.update(part)
+      if 'passes' not in got or 'envs' not in got:
+        return
+      del self._eval_parts[round_index]
+      for r in [r for r in self._eval_parts if r < round_index]:
+        del self._eval_parts[r]
+    self._eval_checkpoints.write(round_index, dict(got, round=round_index))
+
+  def _resume_evaluation(self, r: int) -> None:
+    """An exact resume at round `r`: the evaluator continues from its state at its own
+    call `first_call(r)`, envs included, if that was saved (it had reached the round);
+    else its passes go on from that call with envs started over, marked not exact."""
+    part = None if self._eval_checkpoints is None else self._eval_checkpoints.read(r)
+    first_call = self.rounds.schedule.first_call(r)
+    if part is None or part['envs'] is None:
+      self.evaluation.calls = first_call
+      if part is None:
+        why = 'its state at the round was not saved (it had not reached the round)'
+      else:
+        why = f"its envs' snapshot failed: {part['envs_missing'] or 'not said'}"
+      self.evaluation.not_exact(f'resumed at round {r}: the evaluator starts over: {why}')
+      return
+    ids = np.arange(self._config.num_train_envs, self._config.num_envs)
+    self.evaluation.load_state(part['passes'])
+    self._eval_policy.load_acting_state(ids, part['policy'])
+    self.server.mark_restored(ids)
+    self._resumed_envs.update(part['envs'])
+    kept = self.monitor.keep_evals_before(len(part['passes']['records']))
+    logging.info('Reproducible evaluator resumed at its call %d (pass %d; evals.jsonl '
+                 'keeps %d)', first_call, len(part['passes']['records']), kept)
 
   def _make_evaluation(self) -> EvalPasses:
     """A reproducible run's evaluator: a second copy of the policy (its variables
@@ -414,6 +478,7 @@ class CentralNode:
                                                             c.num_eval_envs),
         capture, load, on_pass=self.monitor.eval_record, is_closed=self._rounds_closed)
     policy.warm_up([c.num_eval_envs])
+    self._eval_policy = policy
     self.server.evaluate_with(evaluation, policy)
     logging.info('Reproducible evaluator: passes of %d episodes per env on its own copy '
                  'of the policy', evaluation.episodes)

@@ -146,7 +146,8 @@ def make_program(builder: SeedBuilder, env_factory: EnvFactory | EnvFactories, s
           'evaluator/0', actor_id=0, num_envs=config.num_eval_envs,
           first_env_id=config.num_train_envs, mode=Mode.EVAL,
           seed=eval_env_seed(config.seed, 0),
-          eval_interval_s=config.eval_interval_s, eval_episodes=config.eval_episodes))
+          eval_interval_s=config.eval_interval_s, eval_episodes=config.eval_episodes,
+          **snapshots))
   return program
 
 

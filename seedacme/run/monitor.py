@@ -250,20 +250,16 @@ class RunMonitor:
     """An exact resume at round `round_index` (`seedacme.run.resume`): rounds.jsonl
     keeps the records before it (the killed run's later ones are written again, as
     the uninterrupted run wrote them); how many it kept."""
-    fs = logdir_lib.filesystem(self._rounds_path)
-    kept = []
-    if fs.exists(self._rounds_path):
-      for line in fs.read(self._rounds_path).decode().splitlines(keepends=True):
-        try:
-          record = json.loads(line)
-        except ValueError:  # a line torn by the kill
-          continue
-        if isinstance(record, dict) and record.get('round', round_index) < round_index:
-          kept.append(line if line.endswith('\n') else line + '\n')
-    logdir_lib.write_atomic(self._rounds_path, ''.join(kept))
-    self._round_lines = kept
+    self._round_lines = _keep_records_before(self._rounds_path, 'round', round_index)
     self._resumed = True
-    return len(kept)
+    return len(self._round_lines)
+
+  def keep_evals_before(self, pass_index: int) -> int:
+    """The evaluator resumed exactly at pass `pass_index` (played or to play):
+    evals.jsonl keeps the passes before it; how many."""
+    self._eval_lines = _keep_records_before(self._evals_path, 'pass', pass_index)
+    self._resumed = True
+    return len(self._eval_lines)
 
   def eval_record(self, record: Dict[str, Any]) -> None:
     """Writes one evaluation pass of a reproducible run to evals.jsonl (its version,
@@ -450,3 +446,20 @@ class _Batches:
 
   def __init__(self, batches: int, units: int, latency_ms: float, p99: float):
     self.batches, self.units, self.latency_ms, self.p99 = batches, units, latency_ms, p99
+
+
+def _keep_records_before(path: str, key: str, index: int) -> List[str]:
+  """Rewrites the records file `path` with its records whose `key` is below `index`
+  (a line torn by a kill dropped); returns its lines."""
+  fs = logdir_lib.filesystem(path)
+  kept = []
+  if fs.exists(path):
+    for line in fs.read(path).decode().splitlines(keepends=True):
+      try:
+        record = json.loads(line)
+      except ValueError:  # a line torn by the kill
+        continue
+      if isinstance(record, dict) and record.get(key, index) < index:
+        kept.append(line if line.endswith('\n') else line + '\n')
+  logdir_lib.write_atomic(path, ''.join(kept))
+  return kept

@@ -59,10 +59,20 @@ gymnasium's `EzPickle` envs do, and `GymnasiumEnv` saves MuJoCo's state beside t
 refuses the others by name (`seedacme.envs.gym_adapter`); DMLab's and Football's envs
 are not checked here.
 
+The evaluator's part: its calls are counted as a training env's, but it runs ahead of
+training or behind it, so its state is saved when it reaches a checkpoint round's first
+call number, not at training's round start: it hands in its envs as an actor does, and
+the server's hook (`InferenceServer.on_eval_call`) gives its passes' state
+(`EvalPasses.state`: the pass being played and its weights, the episodes counted, the
+records) and the eval policy's state of its envs; once both are in, the central node
+writes them (`eval-<r>.pkl`). A resume at round r restores them and hands the
+evaluator its envs; the copies of later rounds' weights are taken again as training
+reaches them.
+
 Not exact, and recorded as such: a central node restarted alone (its actors go on
 from where they are, not from the round: `exact_until_round` is the resumed round), a
-round state without the L rounds of unrolls a lagged run needs, the evaluator's envs
-(not saved: its passes after a resume are marked not exact).
+round state without the L rounds of unrolls a lagged run needs, an evaluator that had
+not reached the resumed round (its passes after the resume are marked not exact).
 
 Why this shape rather than actors writing their envs beside the checkpoint: actors
 import no TensorFlow and may run on other hosts than the logdir's writer (a `gs://`
@@ -84,7 +94,6 @@ from absl import logging
 from seedacme.run import logdir as logdir_lib
 
 ROUNDS_DIR = 'rounds'  # under <logdir>/checkpoints
-_NAME = re.compile(r'^round-(\d+)\.pkl$')
 
 
 def checkpoint_round(call_index: int, unroll_length: int, every_rounds: int) -> int | None:
@@ -101,25 +110,36 @@ class RoundCheckpoints:
   """The round states of a run's checkpoints (`<checkpoints>/rounds/round-<r>.pkl`),
   each written whole (to a temporary file, then renamed); the newest `keep` stay."""
 
-  def __init__(self, checkpoint_dir: str, keep: int = 3):
+  def __init__(self, checkpoint_dir: str, keep: int = 3, prefix: str = 'round'):
+    """`prefix`: the files' (`eval`: the evaluator's part of each round checkpoint,
+    written when the evaluator reaches the round, which may be before or after
+    training does)."""
     self.directory = os.path.join(checkpoint_dir, ROUNDS_DIR)
     self._keep = keep
+    self._prefix = prefix
+    self._name = re.compile(rf'^{prefix}-(\d+)\.pkl$')
     self._fs = logdir_lib.filesystem(self.directory)
 
   def _rounds(self) -> List[int]:
     if not self._fs.exists(self.directory):
       return []
-    found = (_NAME.match(name) for name in self._fs.listdir(self.directory))
+    found = (self._name.match(name) for name in self._fs.listdir(self.directory))
     return sorted(int(m.group(1)) for m in found if m)
 
   def _path(self, round_index: int) -> str:
-    return os.path.join(self.directory, f'round-{round_index}.pkl')
+    return os.path.join(self.directory, f'{self._prefix}-{round_index}.pkl')
+
+  def read(self, round_index: int) -> Dict[str, Any] | None:
+    """Round `round_index`'s state, or None (not saved)."""
+    path = self._path(round_index)
+    return pickle.loads(self._fs.read(path)) if self._fs.exists(path) else None
 
   def write(self, round_index: int, state: Dict[str, Any]) -> str:
     """Writes round `round_index`'s state (and drops the oldest beyond `keep`)."""
     self._fs.makedirs(self.directory)
     path = self._path(round_index)
-    tmp = os.path.join(self.directory, f'.round-{round_index}.tmp-{uuid.uuid4().hex[:8]}')
+    tmp = os.path.join(self.directory,
+                       f'.{self._prefix}-{round_index}.tmp-{uuid.uuid4().hex[:8]}')
     self._fs.write(tmp, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     self._fs.rename(tmp, path)
     for old in self._rounds()[:-self._keep]:

@@ -106,6 +106,7 @@ class EvalPasses:
     self.finished = False  # no pass will start any more (the run ended before it)
     self.calls = 0  # evaluator calls served (each: all K envs)
     self.playing: Dict[str, Any] | None = None  # the pass being played
+    self._loaded: Any = None  # its weights (the copy `load` was given)
     self.records: List[Dict[str, Any]] = []
     self._done = np.zeros(self.num_envs, np.int64)  # episodes counted this pass
     self._counting = np.zeros(self.num_envs, bool)  # in a counted episode
@@ -209,6 +210,7 @@ class EvalPasses:
         round_index = self.end_round  # the last pass: the final weights
       learner_steps, weights = self._copies[round_index]
     self._load(weights)
+    self._loaded = weights
     self.playing = {'pass': len(self.records), 'round': round_index,
                     'learner_steps': learner_steps, 'first_call': self.calls}
     self._done[:] = 0
@@ -227,6 +229,34 @@ class EvalPasses:
       self._cond.notify_all()
     if self._on_pass is not None:
       self._on_pass(record)
+
+  # ---- round checkpoints (`seedacme.run.resume`) --------------------------------------
+  def state(self) -> Dict[str, Any]:
+    """What the passes go on from, between the evaluator's calls: its call count, the
+    pass being played with its weights, the episodes it counted so far, the records.
+    The copies of later rounds are not in it: a resume at round r takes them again at
+    the rounds' starts (the evaluator's next pass starts in round r or later)."""
+    with self._cond:
+      return {'calls': self.calls, 'playing': None if self.playing is None else
+              dict(self.playing), 'weights': self._loaded if self.playing else None,
+              'done': self._done.copy(), 'counting': self._counting.copy(),
+              'return': self._return.copy(), 'returns': [list(r) for r in self._returns],
+              'records': [dict(r) for r in self.records]}
+
+  def load_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()` (before the evaluator's first call), its weights loaded."""
+    if state['weights'] is not None:
+      self._load(state['weights'])
+    with self._cond:
+      self.calls = int(state['calls'])
+      self.playing = None if state['playing'] is None else dict(state['playing'])
+      self._loaded = state['weights']
+      self._done = np.array(state['done'], np.int64)
+      self._counting = np.array(state['counting'], bool)
+      self._return = np.array(state['return'], np.float64)
+      self._returns = [list(r) for r in state['returns']]
+      self.records = [dict(r) for r in state['records']]
+      self._cond.notify_all()
 
   def not_exact(self, why: str) -> None:
     """From the pass being played on (or the next), the records may differ from the

@@ -40,7 +40,7 @@ gate's ordering and the round state are one pipeline over one batcher.
 """
 
 import threading
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -122,6 +122,9 @@ class InferenceServer:
     self._evaluation: EvalPasses | None = None  # `evaluate_with`
     self._eval_policy: ServerPolicy | None = None
     self._eval_lock = threading.Lock()  # one evaluator call at a time
+    # Before each evaluator call (its count, env ids), on its thread: the central
+    # node's round checkpoints save the evaluator's state at checkpoint rounds.
+    self.on_eval_call: Callable[[int, np.ndarray], None] | None = None
     self._eval_episodes = EpisodeTracker(num_envs) if acting is not None else None
 
   def evaluate_with(self, evaluation: EvalPasses, eval_policy: ServerPolicy) -> None:
@@ -367,6 +370,9 @@ class InferenceServer:
       if self.policy_error is not None:
         return {'shutting_down': f'the policy failed: {self.policy_error}'}
       changed = self._run_ids[env_ids] != run_ids
+      adopted = changed & (self._run_ids[env_ids] == RESTORED)  # an exact resume's
+      self._run_ids[env_ids[adopted]] = run_ids[adopted]
+      changed &= ~adopted
       if changed.any():
         if (self._run_ids[env_ids[changed]] >= 0).any():
           self.actor_restarts += 1
@@ -374,6 +380,8 @@ class InferenceServer:
           if self._eval_episodes is not None:
             self._eval_episodes.forget(env_ids[changed])
         self._run_ids[env_ids[changed]] = run_ids[changed]
+      if self.on_eval_call is not None:  # a round checkpoint's evaluator part
+        self.on_eval_call(evaluation.calls, env_ids)
       try:
         if not evaluation.begin_call(step_type, reward):
           return {'shutting_down': f'the run ended at round {evaluation.end_round}: no '
@@ -494,6 +502,11 @@ class InferenceServer:
       self.acting.load_train_state(state['acting'])
     gate.continue_at(state['round'])
     self._run_ids[ids] = RESTORED
+
+  def mark_restored(self, env_ids: np.ndarray) -> None:
+    """These envs were restored (the evaluator's, from a round checkpoint): they take
+    their actor's new run id without starting over."""
+    self._run_ids[np.asarray(env_ids, np.int64)] = RESTORED
 
   def restored_envs(self, env_ids: np.ndarray) -> np.ndarray:
     """Which of these envs were restored from a round checkpoint and have not been

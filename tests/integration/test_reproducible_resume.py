@@ -2,8 +2,9 @@
 `run_local catch vtrace --reproducible` with round checkpoints every 5 rounds runs
 uninterrupted beside the same command, which is SIGKILLed (every process of it) past
 round 12 and started again on its logdir. The resumed run continues at its last round
-checkpoint (round 10) and ends with the uninterrupted run's round records and final
-weights; its evaluator's envs were not saved, which the summary says.
+checkpoint (round 10) and ends with the uninterrupted run's round records, evaluator
+passes and final weights (the evaluator continues from its state and envs at its own
+call of round 10's first call number, saved beside the round checkpoint).
 """
 
 import os
@@ -36,8 +37,9 @@ def test_a_killed_reproducible_run_resumes_as_the_uninterrupted_run(tmp_path):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
       if os.path.exists(os.path.join(killed_logdir, 'rounds.jsonl')) and \
-          len(_records(killed_logdir)) >= 13:  # round 12 started
-        break
+          len(_records(killed_logdir)) >= 13 and os.path.exists(os.path.join(
+              killed_logdir, 'checkpoints', 'rounds', 'eval-10.pkl')):
+        break  # round 12 started, and the evaluator has passed round 10's call
       assert killed.proc.poll() is None, killed.output[-3000:]
       time.sleep(0.2)
     killed.kill()  # SIGKILL to every process of the program
@@ -53,4 +55,8 @@ def test_a_killed_reproducible_run_resumes_as_the_uninterrupted_run(tmp_path):
   assert b['stop']['kind'] == 'learner_steps', b['stopped_because']
   assert a['exact_until_round'] is None and b['exact_until_round'] is None, \
       b['not_exact_because']
-  assert b['eval_exact_until_pass'] is not None  # its evaluator's envs started over
+  assert b['eval_exact_until_pass'] is None, b['eval_not_exact_because']
+  assert b['eval_complete'] and a['eval_complete']
+  with open(os.path.join(killed_logdir, 'evals.jsonl')) as f, \
+      open(os.path.join(whole.logdir, 'evals.jsonl')) as g:
+    assert f.read() == g.read()

@@ -20,7 +20,9 @@ import time
 
 import pytest
 
+from seedacme import envs
 from seedacme.agents import ppo, registry, vtrace
+from seedacme.types import Mode
 from tests.unit.in_process import InProcessActor
 
 STEPS = 20  # learner steps: one per round for V-trace Catch (16 envs, batch 16)
@@ -42,12 +44,18 @@ def _rounds(logdir):
 
 
 def _start(make_central, builder, env, logdir, actor=InProcessActor, steps=STEPS, split=(2, 8),
-           checkpoints=True, lag=0):
+           checkpoints=True, lag=0, evaluator=False):
+  """`evaluator`: with a 4-env evaluator (8 episodes a pass) handing in its envs too."""
+  snapshots = (builder.config.unroll_length, EVERY)
   central, _, actors, _ = make_central(
       builder, env, *split, reproducible=True, reproducible_lag=lag, max_learner_steps=steps,
       checkpoint_interval_s=3600.0 if checkpoints else None, checkpoint_rounds=EVERY,
       export_policy=False, logdir=str(logdir), progress_interval_s=1.0, seed=3,
-      actor=functools.partial(actor, snapshots=(builder.config.unroll_length, EVERY)))
+      actor=functools.partial(actor, snapshots=snapshots),
+      **({'num_eval_envs': 4, 'eval_episodes': 8} if evaluator else {}))
+  if evaluator:
+    actors.append(InProcessActor(central, envs.make_factory(env), 16, 4, actors[0].stop,
+                                 Mode.EVAL, snapshots=snapshots))
   for a in actors:
     a.start()
   return central, actors
@@ -148,6 +156,31 @@ def test_a_run_ended_off_a_checkpoint_round_extends_exactly_from_the_round_befor
   assert summary_b['weights_sha256'] == summary_a['weights_sha256']
   with open(b / 'progress.jsonl') as f:
     assert 'the newest this run continues exactly from, not the latest' in f.read()
+
+
+def _evals(logdir):
+  with open(logdir / 'evals.jsonl') as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.timeout(240)
+def test_the_evaluator_resumes_exactly_with_the_run(make_central, tmp_path):
+  """Its passes after the resume are the uninterrupted run's: the evaluator's state and
+  envs at its own call of round 10's first call number were saved beside the round
+  checkpoint and it continues from them."""
+  whole, summary_a, _ = _run_to_end(make_central, _vtrace_catch, 'catch', tmp_path / 'a',
+                                    checkpoints=False, evaluator=True)
+  passes = _evals(tmp_path / 'a')
+  assert summary_a['eval_exact_until_pass'] is None and summary_a['eval_complete']
+  b = tmp_path / 'b'
+  _killed_after_round(make_central, _vtrace_catch, 'catch', b, 2 * EVERY + 2, evaluator=True)
+  assert (b / 'checkpoints' / 'rounds' / f'eval-{2 * EVERY}.pkl').exists()
+  resumed, summary_b, at = _run_to_end(make_central, _vtrace_catch, 'catch', b,
+                                       evaluator=True)
+  assert at == 2 * EVERY and resumed == whole
+  assert summary_b['eval_exact_until_pass'] is None, summary_b['eval_not_exact_because']
+  assert summary_b['eval_complete'] and _evals(b) == passes
+  assert summary_b['weights_sha256'] == summary_a['weights_sha256']
 
 
 class UnpicklableActor(InProcessActor):
