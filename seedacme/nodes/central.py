@@ -217,6 +217,7 @@ class CentralNode:
     self._eval_checkpoints: RoundCheckpoints | None = None
     self._eval_parts: Dict[int, Dict[str, Any]] = {}
     self._eval_parts_lock = threading.Lock()
+    self._eval_resumed = False  # restored from one: checked at its first call
     self.resumed_round: int | None = None
     self._resumed_envs: Dict[int, bytes] = {}
     self._envs_handed: set = set()  # envs whose actor took its snapshot (`resume_envs`)
@@ -373,9 +374,10 @@ class CentralNode:
       return
     first_eval, n = self._config.num_train_envs, self._config.num_envs
     if env_ids and all(first_eval <= i < n for i in env_ids):  # the evaluator's
-      if len(env_ids) != n - first_eval or (blobs is not None and len(blobs) != len(env_ids)):
+      if sorted(env_ids) != list(range(first_eval, n)) or (blobs is not None and (
+          len(blobs) != len(env_ids) or not all(isinstance(b, bytes) for b in blobs))):
         raise InvalidRequestError(f'env_snapshot: the evaluator\'s envs are {first_eval}..'
-                                  f'{n - 1}, all at once, got {len(env_ids)}')
+                                  f'{n - 1}, all at once, each as bytes')
       self._eval_part(round_index, envs=None if blobs is None else dict(zip(env_ids, blobs)),
                       envs_missing=why and why[:1000])
       return
@@ -407,6 +409,12 @@ class CentralNode:
   def _eval_call(self, calls: int, env_ids: np.ndarray) -> None:
     """The server's hook before each evaluator call: at a checkpoint round's first call
     number, the evaluator's passes and the eval policy's state of its envs."""
+    if self._eval_resumed:  # its first call since an exact resume: its envs came back?
+      self._eval_resumed = False
+      fresh = sorted(set(env_ids.tolist()) - self._envs_handed)
+      if fresh:
+        self.evaluation.not_exact(f'resumed: the evaluator\'s envs {fresh[:16]} did not '
+                                  'come back to it (started anew)')
     r = checkpoint_round(calls, self.rounds.schedule.unroll_length,
                          self._config.checkpoint_rounds)
     if r is not None:
@@ -446,6 +454,7 @@ class CentralNode:
     self._eval_policy.load_acting_state(ids, part['policy'])
     self.server.mark_restored(ids)
     self._resumed_envs.update(part['envs'])
+    self._eval_resumed = True
     kept = self.monitor.keep_evals_before(len(part['passes']['records']))
     logging.info('Reproducible evaluator resumed at its call %d (pass %d; evals.jsonl '
                  'keeps %d)', first_call, len(part['passes']['records']), kept)

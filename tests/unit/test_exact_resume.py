@@ -44,8 +44,9 @@ def _rounds(logdir):
 
 
 def _start(make_central, builder, env, logdir, actor=InProcessActor, steps=STEPS, split=(2, 8),
-           checkpoints=True, lag=0, evaluator=False):
-  """`evaluator`: with a 4-env evaluator (8 episodes a pass) handing in its envs too."""
+           checkpoints=True, lag=0, evaluator=False, eval_snapshots=True):
+  """`evaluator`: with a 4-env evaluator (8 episodes a pass) handing in its envs too
+  (`eval_snapshots`=False: one that never asks for them back)."""
   snapshots = (builder.config.unroll_length, EVERY)
   central, _, actors, _ = make_central(
       builder, env, *split, reproducible=True, reproducible_lag=lag, max_learner_steps=steps,
@@ -55,7 +56,7 @@ def _start(make_central, builder, env, logdir, actor=InProcessActor, steps=STEPS
       **({'num_eval_envs': 4, 'eval_episodes': 8} if evaluator else {}))
   if evaluator:
     actors.append(InProcessActor(central, envs.make_factory(env), 16, 4, actors[0].stop,
-                                 Mode.EVAL, snapshots=snapshots))
+                                 Mode.EVAL, snapshots=snapshots if eval_snapshots else None))
   for a in actors:
     a.start()
   return central, actors
@@ -181,6 +182,14 @@ def test_the_evaluator_resumes_exactly_with_the_run(make_central, tmp_path):
   assert summary_b['eval_exact_until_pass'] is None, summary_b['eval_not_exact_because']
   assert summary_b['eval_complete'] and _evals(b) == passes
   assert summary_b['weights_sha256'] == summary_a['weights_sha256']
+  # An evaluator that starts its envs anew on the resume: said, not hidden.
+  c = tmp_path / 'c'
+  _killed_after_round(make_central, _vtrace_catch, 'catch', c, 2 * EVERY + 2, evaluator=True)
+  assert (c / 'checkpoints' / 'rounds' / f'eval-{2 * EVERY}.pkl').exists()
+  _, summary_c, _ = _run_to_end(make_central, _vtrace_catch, 'catch', c, evaluator=True,
+                                eval_snapshots=False)
+  assert summary_c['exact_until_round'] is None, summary_c['not_exact_because']
+  assert 'did not come back' in (summary_c['eval_not_exact_because'] or ''), summary_c
 
 
 class UnpicklableActor(InProcessActor):
