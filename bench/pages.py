@@ -135,6 +135,11 @@ ROWS: Tuple[Row, ...] = (
              + _XEON),
     Row('ppo', 'Hopper-v5', 'final_return', ('mujoco_ppo_hopper_lr4e4.json',),
         select=(('task', 'Hopper-v5'),), anchors=_HOPPER_ANCHORS, note=_XEON),
+    Row('ppo', 'Hopper-v5, `--reproducible`', 'final_return',
+        ('mujoco_ppo_hopper_reproducible.json',), select=(('task', 'Hopper-v5'),),
+        anchors=_HOPPER_ANCHORS,
+        note='each seed exact: the same command and seed give its figure on an x86-64 '
+             'CPU with AVX2 (seed 0 run again: the same records and weights); ' + _XEON),
     Row('ppo', 'Walker2d-v5', 'final_return', ('mujoco_ppo_walker2d_lr4e4.json',),
         select=(('task', 'Walker2d-v5'),),
         anchors=(Anchor('CleanRL', '2,288 ± 572', 'issue 51'),
