@@ -8,7 +8,7 @@ and tanh, an OpenBLAS dot -- and prints a hash of the bits. Pinned as `make_prog
 pins a launcher (the child inherits the environment) and as the central node fixes its
 threads, the bits are the same on all of this machine's cores and on one core (where
 TF's default would be one thread). Unpinned, on a CPU with AVX-512, they are not the
-pinned bits: the pins change what runs.
+pinned bits: the pins change what runs (on another CPU that part is not checked).
 """
 
 import os
@@ -72,11 +72,12 @@ def test_pinned_bits_do_not_depend_on_the_cores_and_unpinned_ones_differ_on_avx5
     one_core = min(os.sched_getaffinity(0))
     assert _compute('pinned', pinned, cores=str(one_core))[0] == whole
   free, free_unpinned = _compute('free', bare)
+  assert 'oneDNN' in free_unpinned and 'OpenBLAS' in free_unpinned
   if machine_pins.numpy_wide_features():
     assert free != whole  # AVX-512 kernels give other bits: what the pins are for
-    assert 'numpy' in free_unpinned and 'oneDNN' in free_unpinned
-  else:
-    assert free == whole  # an AVX2 CPU computes the pinned bits unpinned
+    assert 'numpy' in free_unpinned
+  # (Without AVX-512 the unpinned bits may or may not be the pinned ones: OpenBLAS's
+  # own core type for this CPU, e.g. Zen, is not Haswell's.)
 
 
 def test_a_users_own_cap_is_kept_and_the_rest_added():
