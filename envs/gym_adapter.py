@@ -28,10 +28,8 @@ round trip, resets included, identical to the original's); for Atari (ale-py) th
 emulator's state (`cloneState(include_rng=True)`) and the env's generator, the
 wrappers' frame buffers pickling as they are (Pong and Breakout: 300 steps identical);
 with sticky actions a copy's frames differed from its first step, so such an env
-refuses by name; any other
-`EzPickle` env
-refuses to pickle (`TypeError` naming it), so a resume says it is not exact rather
-than continuing from a fresh env.
+refuses by name; any other `EzPickle` env refuses to pickle (`TypeError` naming it), so
+a resume says it is not exact rather than continuing from a fresh env.
 """
 
 import dm_env
@@ -156,14 +154,12 @@ def _mujoco_state(base):
   spec = mujoco.mjtState.mjSTATE_INTEGRATION
   physics = np.empty(mujoco.mj_stateSize(base.model, spec))
   mujoco.mj_getState(base.model, base.data, physics, spec)
-  generator = getattr(base, '_np_random', None)
-  return {'physics': physics,
-          'np_random': None if generator is None else generator.bit_generator.state}
+  return {'physics': physics, 'np_random': _generator_state(base)}
 
 
 def _ale_state(base):
-  """An Atari env's emulator state, its sticky-action generator included, and the env's
-  generator (None: not an ale-py env)."""
+  """An Atari env's emulator state (its own generator included) and the env's generator
+  (None: not an ale-py env)."""
   ale = getattr(base, 'ale', None)
   if ale is None or not hasattr(ale, 'cloneState'):
     return None
@@ -172,20 +168,27 @@ def _ale_state(base):
     raise TypeError(f'{type(base).__name__} with sticky actions '
                     f'(repeat_action_probability={sticky:g}) cannot be saved: ALE 0.12\'s '
                     'saved state does not continue them')
-  generator = getattr(base, '_np_random', None)
-  return {'ale': ale.cloneState(include_rng=True),
-          'np_random': None if generator is None else generator.bit_generator.state}
+  return {'ale': ale.cloneState(include_rng=True), 'np_random': _generator_state(base)}
 
 
 def _set_ale_state(base, saved) -> None:
   base.ale.restoreState(saved['ale'])
-  if saved['np_random'] is not None:
-    base.np_random.bit_generator.state = saved['np_random']
+  _set_generator_state(base, saved['np_random'])
+
+
+def _generator_state(base):
+  """The env's numpy generator's state (None: it has none yet)."""
+  generator = getattr(base, '_np_random', None)
+  return None if generator is None else generator.bit_generator.state
+
+
+def _set_generator_state(base, state) -> None:
+  if state is not None:
+    base.np_random.bit_generator.state = state
 
 
 def _set_mujoco_state(base, saved) -> None:
   import mujoco  # pylint: disable=g-import-not-at-top
   mujoco.mj_setState(base.model, base.data, saved['physics'],
                      mujoco.mjtState.mjSTATE_INTEGRATION)
-  if saved['np_random'] is not None:
-    base.np_random.bit_generator.state = saved['np_random']
+  _set_generator_state(base, saved['np_random'])

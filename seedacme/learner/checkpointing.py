@@ -149,12 +149,15 @@ class Checkpointer:
       return None
     if prefer is not None:
       latest = path
-      path = next((p for p in reversed(self._manager.checkpoints)
-                   if prefer(saved_learner_steps(p))), latest)
+      for candidate in reversed(self._manager.checkpoints):
+        steps = saved_learner_steps(candidate)
+        if prefer(steps):
+          path = candidate
+          break
       if path != latest:
-        self._log_event(f'resuming from {os.path.basename(path)} (learner step '
-                        f'{saved_learner_steps(path)}), the newest this run continues '
-                        f'exactly from, not the latest {os.path.basename(latest)}')
+        self._log_event(f'resuming from {os.path.basename(path)} (learner step {steps}), '
+                        'the newest this run continues exactly from, not the latest '
+                        f'{os.path.basename(latest)}')
     changes = []
     if self._identity is not None:
       try:

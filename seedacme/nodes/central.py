@@ -212,6 +212,9 @@ class CentralNode:
     # the envs' snapshots as actors hand them in, and what a resume continues from.
     self._round_checkpoints: RoundCheckpoints | None = None
     self._env_snapshots: EnvSnapshots | None = None
+    # Round states read while choosing the checkpoint to resume, by learner steps: kept
+    # for `_resume_rounds` (each read once), then dropped.
+    self._round_states: Dict[int, Any] = {}
     # The evaluator's part of round checkpoints: its state and envs at its own call of
     # a checkpoint round's first call number (`_eval_call`, `env_snapshot`), per round.
     self._eval_checkpoints: RoundCheckpoints | None = None
@@ -239,9 +242,8 @@ class CentralNode:
                                         log_event=self.monitor.progress.log_event)
       # A reproducible run resumes from its newest checkpoint with every env's state:
       # a run ended by a budget off a checkpoint round saved its last one without them.
-      rounds = self._round_checkpoints
-      restored = self._checkpointer.restore(prefer=None if rounds is None else (
-          lambda steps: continues_exactly(rounds.find(steps))))
+      restored = self._checkpointer.restore(
+          prefer=None if self._round_checkpoints is None else self._continues_exactly)
       if restored is not None:
         self.resumed_from = self.learner_steps = restored['learner_steps']
         self.acting.restore(restored['env_steps'], restored['episodes'])
@@ -290,13 +292,22 @@ class CentralNode:
       return False
     return True
 
+  def _continues_exactly(self, learner_steps: int) -> bool:
+    """Whether the round state saved at `learner_steps` resumes exactly (the
+    checkpointer's `prefer`); keeps what it read."""
+    state = self._round_checkpoints.find(learner_steps)
+    self._round_states[learner_steps] = state
+    return continues_exactly(state)
+
   def _resume_rounds(self, replay: Any) -> None:
     """A reproducible run resumed: from the round state saved with the checkpoint
     (`seedacme.run.resume`), exactly at its round -- or, without one, with rounds
     counted from the restored learner and the run not exact from round 0 on."""
     state = None
     if self._round_checkpoints is not None:
-      state = self._round_checkpoints.find(self.learner_steps)
+      state = self._round_states.pop(self.learner_steps, None) or \
+          self._round_checkpoints.find(self.learner_steps)
+      self._round_states.clear()
     if state is None:
       # A wall-clock checkpoint (a run that was not reproducible, or older code): the
       # acting state (envs, noise, episode windows) is not in it.

@@ -112,11 +112,13 @@ def describe(threads: int) -> Dict[str, object]:
     unpinned.append(f"OpenBLAS's kernels ({env['OPENBLAS_CORETYPE'] or 'the CPU'})")
   if intra != threads:
     unpinned.append(f"TF's intra-op threads ({intra}, not {threads})")
-  return {'cpu': _cpu_model(), 'avx2_fma': _has_avx2_fma(), 'intra_op_threads': intra,
-          'environ': env, 'unpinned': unpinned}
+  flags, model = _cpu_flags_and_model()
+  return {'cpu': model, 'avx2_fma': ('avx2' in flags and 'fma' in flags) if flags else None,
+          'intra_op_threads': intra, 'environ': env, 'unpinned': unpinned}
 
 
 def _cpu_flags_and_model():
+  """This CPU's flags and model name from /proc/cpuinfo (empty and None elsewhere)."""
   flags, model = set(), None
   try:
     with open('/proc/cpuinfo') as f:
@@ -130,12 +132,3 @@ def _cpu_flags_and_model():
   except OSError:
     pass
   return flags, model
-
-
-def _cpu_model() -> str | None:
-  return _cpu_flags_and_model()[1]
-
-
-def _has_avx2_fma() -> bool | None:
-  flags, _ = _cpu_flags_and_model()
-  return ('avx2' in flags and 'fma' in flags) if flags else None

@@ -369,10 +369,7 @@ class InferenceServer:
     with self._eval_lock:
       if self.policy_error is not None:
         return {'shutting_down': f'the policy failed: {self.policy_error}'}
-      changed = self._run_ids[env_ids] != run_ids
-      adopted = changed & (self._run_ids[env_ids] == RESTORED)  # an exact resume's
-      self._run_ids[env_ids[adopted]] = run_ids[adopted]
-      changed &= ~adopted
+      changed = self._changed_run_ids(env_ids, run_ids)
       if changed.any():
         if (self._run_ids[env_ids[changed]] >= 0).any():
           self.actor_restarts += 1
@@ -424,16 +421,20 @@ class InferenceServer:
                      '(a retried call, or a restarted actor\'s) waited for the next')
     return gate.before_call()
 
+  def _changed_run_ids(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
+    """Bool mask of the envs whose run id is not the one known; envs restored from a
+    round checkpoint (`RESTORED`) take their actor's run id as it comes, unchanged."""
+    changed = self._run_ids[env_ids] != run_ids
+    adopted = changed & (self._run_ids[env_ids] == RESTORED)
+    self._run_ids[env_ids[adopted]] = run_ids[adopted]
+    return changed & ~adopted
+
   def _note_restarts(self, env_ids: np.ndarray, run_ids: np.ndarray) -> np.ndarray:
     """Bool mask of the envs whose run id changed (their actor restarted): their state
     starts over and their partial trajectories are dropped (with a round gate they are
     kept, so that rounds stay aligned, and the run is recorded as no longer exact).
     Envs restored from a round checkpoint take their actor's run id as it comes."""
-    changed = self._run_ids[env_ids] != run_ids
-    adopted = changed & (self._run_ids[env_ids] == RESTORED)
-    if adopted.any():
-      self._run_ids[env_ids[adopted]] = run_ids[adopted]
-      changed &= ~adopted
+    changed = self._changed_run_ids(env_ids, run_ids)
     if not changed.any():
       return changed
     restarted = env_ids[changed]
