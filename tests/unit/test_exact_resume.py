@@ -23,6 +23,7 @@ import pytest
 from seedacme import envs
 from seedacme.agents import ppo, registry, vtrace
 from seedacme.types import Mode
+from seedacme.wire.protocol import InvalidRequestError
 from tests.unit.in_process import InProcessActor
 
 STEPS = 20  # learner steps: one per round for V-trace Catch (16 envs, batch 16)
@@ -190,6 +191,20 @@ def test_the_evaluator_resumes_exactly_with_the_run(make_central, tmp_path):
                                 eval_snapshots=False)
   assert summary_c['exact_until_round'] is None, summary_c['not_exact_because']
   assert 'did not come back' in (summary_c['eval_not_exact_because'] or ''), summary_c
+
+
+@pytest.mark.timeout(120)
+def test_a_crafted_evaluator_snapshot_is_refused_by_name(make_central, tmp_path):
+  """env_snapshot for the evaluator's envs takes all of them, each as bytes: objects
+  or a part are refused before anything is kept (the evaluator unpickles what a resume
+  hands it)."""
+  central, actors = _start(make_central, _vtrace_catch(), 'catch', tmp_path, evaluator=True)
+  actors[0].stop.set()
+  for ids, blobs in (([16, 17, 18, 19], [b'a', b'b', {'x': 1}, b'd']),
+                     ([16, 17], [b'a', b'b']), ([16, 16, 18, 19], [b'a'] * 4)):
+    with pytest.raises(InvalidRequestError, match="the evaluator's envs are 16..19"):
+      central.env_snapshot(EVERY, ids, blobs)
+  assert not central._eval_parts  # pylint: disable=protected-access
 
 
 class UnpicklableActor(InProcessActor):
