@@ -18,7 +18,6 @@ that only waits on its child; now 1.2-1.3 s and 67 MB (`bench/startup.py`;
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -28,6 +27,7 @@ import cloudpickle
 import launchpad as lp
 from launchpad.nodes import base as lp_base
 
+from seedacme.runtime import scratch
 from seedacme.runtime import startup
 from seedacme.runtime.lifecycle import default_stop_event
 from seedacme.runtime.supervisor import Supervisor, exit_node
@@ -35,6 +35,9 @@ from seedacme.runtime.supervisor import Supervisor, exit_node
 
 # The port name of Launchpad's Reverb node (`launchpad.nodes.reverb.node`).
 REVERB_PORT_NAME = 'reverb'
+
+
+REVERB_TMP_PREFIX = 'seedacme_reverb_'  # a replay node's checkpoints without a logdir
 
 
 class ReplayHandle(lp_base.Handle):
@@ -92,10 +95,18 @@ class ReplayNode(lp.PyNode):
 
   def run(self):
     # Reverb's default checkpointer makes a temp dir per server and never removes it.
+    # Ours is held while this node lives and swept by the next replay node if the
+    # program was SIGKILLed (`seedacme.runtime.scratch`).
     persistent = self.checkpoint_dir is not None
+    held = None
     if persistent:
       os.makedirs(self.checkpoint_dir, exist_ok=True)
-    checkpoint_dir = self.checkpoint_dir or tempfile.mkdtemp(prefix='seedacme_reverb_')
+      checkpoint_dir = self.checkpoint_dir
+    else:
+      scratch.sweep_dead(REVERB_TMP_PREFIX)
+      held = scratch.held_tempdir(REVERB_TMP_PREFIX)
+      checkpoint_dir = os.path.join(held.path, 'checkpoints')  # Reverb's alone
+      os.mkdir(checkpoint_dir, 0o700)
     port = lp.get_port_from_address(self._address.resolve())
     kwargs = dict(port=port, tables_fn=self._priority_tables_fn,
                   checkpoint_dir=checkpoint_dir, grace_s=self._grace_s,
@@ -107,8 +118,8 @@ class ReplayNode(lp.PyNode):
       else:
         serve_replay(stop_event=None, **kwargs)
     finally:
-      if not persistent:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+      if held is not None:
+        held.release()
     if self._supervise:
       exit_node()  # the server is stopped and its files gone (see exit_node)
 

@@ -27,7 +27,8 @@ Each child gets its own temp dir (`TMPDIR`), removed once the child has ended ho
 it ended: TensorFlow writes every function autograph converts to
 `/tmp/__autograph_generated_file*.py` and removes them only at a clean exit, so each
 child killed (a grace exceeded, `kill -9`, a crash) left its ~50 there (435 piled up
-in /tmp over two days of test suites and benches).
+in /tmp over two days of test suites and benches). A program SIGKILLed whole removes
+nothing: the dirs are `seedacme.runtime.scratch`'s, swept by the next supervisor.
 
 A *standby* (`standby_imports`; the replay and central nodes with
 `ProgramConfig.standby_restarts`) is a second child started ahead of
@@ -50,11 +51,9 @@ import collections
 import faulthandler
 import importlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping
@@ -62,6 +61,7 @@ from typing import Any, Callable, Dict, Mapping
 from absl import logging
 import cloudpickle
 
+from seedacme.runtime import scratch
 from seedacme.runtime import startup
 from seedacme.runtime.lifecycle import default_stop_event
 
@@ -73,6 +73,7 @@ ENV_FAULT_EXIT_CODE = 75  # an env raised (seedacme.actor.env_actor)
 ENV_HUNG_EXIT_CODE = 76  # an env step exceeded its limit (seedacme.actor.env_actor)
 EXIT_REASONS = {FATAL_EXIT_CODE: 'refused to run', ENV_FAULT_EXIT_CODE: 'an env raised',
                 ENV_HUNG_EXIT_CODE: 'an env step hung'}
+CHILD_TMP_PREFIX = 'seedacme_child_'  # each child's TMPDIR (`scratch.held_tempdir`)
 _RUN = b'r'  # the byte that tells a waiting standby to run (then 8 bytes: restart count)
 _restart_count = 0  # in a child: restarts of its node before it
 
@@ -137,18 +138,19 @@ class Supervisor:
     self._death_window_s = death_window_s
     self._deaths = collections.deque()  # monotonic times of deaths within the window
     self._env = dict(os.environ, **(child_env or {}))
-    self._tmpdirs: Dict[int, str] = {}  # child pid -> its TMPDIR, removed when it ends
+    self._tmpdirs: Dict[int, scratch.HeldDir] = {}  # child pid -> its TMPDIR, removed when it ends
     self.restarts = 0
     self.child: subprocess.Popen | None = None
     self.standby: subprocess.Popen | None = None
 
   def _start_child(self, standby: bool = False) -> subprocess.Popen:
-    tmpdir = tempfile.mkdtemp(prefix='seedacme_child_')
-    try:
+    tmpdir = scratch.held_tempdir(CHILD_TMP_PREFIX)
+    try:  # the child holds the dir's lock too (pass_fds): swept only once both are gone
       child = subprocess.Popen([sys.executable, '-m', 'seedacme.runtime.supervisor'],
-                               stdin=subprocess.PIPE, env=dict(self._env, TMPDIR=tmpdir))
+                               stdin=subprocess.PIPE, pass_fds=(tmpdir.fd,),
+                               env=dict(self._env, TMPDIR=tmpdir.path))
     except BaseException:
-      shutil.rmtree(tmpdir, ignore_errors=True)
+      tmpdir.release()
       raise
     self._tmpdirs[child.pid] = tmpdir
     child.stdin.write(len(self._payload).to_bytes(8, 'little') + self._payload)
@@ -195,7 +197,7 @@ class Supervisor:
     """Removes an ended child's temp dir."""
     tmpdir = self._tmpdirs.pop(child.pid, None)
     if tmpdir is not None:
-      shutil.rmtree(tmpdir, ignore_errors=True)
+      tmpdir.release()
 
   def _end(self, child: subprocess.Popen | None) -> None:
     if child is None:
@@ -231,6 +233,7 @@ class Supervisor:
     if self._stop is None:
       self._stop = default_stop_event()
     startup.mark(self._name, 'supervising')  # this (Launchpad node) process's start-up
+    scratch.sweep_dead(CHILD_TMP_PREFIX)  # what a SIGKILLed program's children left
     backoff = self._backoff
     died_after_s = None
     short_deaths = 0  # in a row

@@ -7,13 +7,16 @@ that runs the target next, and every process is gone once the supervisor stops.
 
 import os
 import signal
+import sys
 import tempfile
 import threading
+import time
 
 import psutil
 import pytest
 
-from seedacme.runtime.supervisor import Supervisor
+from seedacme.runtime import scratch
+from seedacme.runtime.supervisor import CHILD_TMP_PREFIX, Supervisor
 
 
 def _targets():
@@ -218,7 +221,8 @@ def test_each_child_has_its_own_temp_dir_removed_when_it_ends_even_killed(
     first = sup.child.pid
     first_dir = open(records / str(first)).read()
     assert os.path.dirname(first_dir) == str(temp_root)  # its own dir, under the root
-    assert len(os.listdir(first_dir)) == 1  # what it left is there while it runs
+    # What it left is there while it runs (beside the lock that says it lives).
+    assert sorted(os.listdir(first_dir))[0] == '.held' and len(os.listdir(first_dir)) == 2
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: len(_started(records)) == 2)
     second_dir = open(records / str(sup.child.pid)).read()
@@ -229,3 +233,62 @@ def test_each_child_has_its_own_temp_dir_removed_when_it_ends_even_killed(
     thread.join(30)
   assert not thread.is_alive()
   assert os.listdir(temp_root) == []  # the stopped one's too
+
+
+_KILLED_PROGRAM = """
+import sys, threading
+from seedacme.runtime import scratch
+from seedacme.runtime.supervisor import CHILD_TMP_PREFIX, Supervisor
+
+def wait(stop_event):
+  stop_event.wait(120)
+
+Supervisor(wait, {}, 'killed', stop_event=threading.Event()).run()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_dirs_of_a_program_killed_whole_are_swept_by_the_next_supervisor(
+    tmp_path, wait_until, monkeypatch):
+  """SIGKILL to a supervisor and its child (an OOM kill, `scancel -s KILL`) runs no
+  cleanup; the next supervisor under that TMPDIR removes what they left, and not the
+  dir of a supervisor still running there."""
+  temp_root = tmp_path / 'tmp'
+  temp_root.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(temp_root))
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  killed = psutil.Popen([sys.executable, '-c', _KILLED_PROGRAM], cwd=repo,
+                        env=dict(os.environ, TMPDIR=str(temp_root)))
+  try:
+    assert wait_until(lambda: len(killed.children()) == 1 and os.listdir(temp_root), 60)
+    left = str(temp_root / os.listdir(temp_root)[0])
+    child = killed.children()[0]
+    for proc in (killed, child):
+      proc.kill()
+    killed.wait(10)
+    assert wait_until(lambda: not child.is_running() or child.status() == 'zombie', 10)
+    assert os.path.isdir(left)  # nothing cleaned up
+    then = time.time() - 2 * scratch.MIN_AGE_S
+    os.utime(left, (then, then))
+    records = tmp_path / 'records'
+    records.mkdir()
+    stop = threading.Event()
+    sup = Supervisor(_leave_a_temp_file, {'directory': str(records)}, 'next',
+                     stop_event=stop)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    try:
+      assert wait_until(lambda: len(_started(records)) == 1)
+      mine = open(records / str(sup.child.pid)).read()
+      assert os.listdir(temp_root) == [os.path.basename(mine)]  # the killed one's: gone
+      # A second supervisor starting now leaves the running one's dir alone, however old.
+      os.utime(mine, (then, then))
+      assert scratch.sweep_dead(CHILD_TMP_PREFIX) == [] and os.path.isdir(mine)
+    finally:
+      stop.set()
+      thread.join(30)
+    assert not thread.is_alive()
+  finally:
+    if killed.is_running():
+      for proc in killed.children(recursive=True) + [killed]:
+        proc.kill()
