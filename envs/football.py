@@ -75,6 +75,15 @@ def _import_gfootball() -> Any:
 class FootballEnv(dm_env.Environment):
   """One gfootball scenario with one controlled player, as a dm_env environment."""
 
+  # A reproducible run records its envs as not exact from the start (ProgramConfig.
+  # env_not_exact). Probed (academy_3_vs_1_with_keeper, simple115v2, 300 fixed steps):
+  # the same seed and actions in a fresh process gave one of two episodes (the other
+  # in 3 of 12 processes, 2 of them with address randomisation off), and others when a
+  # second env shared the process. The engine's state cannot be pickled either
+  # (boost.python's ScenarioConfig), so a resume restarts its episodes.
+  not_exact_because = ("gfootball's engine does not repeat an episode under a seed "
+                       '(seen: one of two episodes per process, same seed and actions)')
+
   def __init__(self, scenario: str = '11_vs_11_easy_stochastic',
                representation: str = 'extracted', rewards: str = 'scoring',
                seed: int | None = None, score_window: int = 100):

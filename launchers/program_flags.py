@@ -259,6 +259,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
   except (ImportError, TypeError, ValueError) as e:  # a module to build; bad --env_config
     raise ProgramArgsError(f'cannot create {args.env!r}: {e}') from e
   spec = envs.env_spec_of(probe)
+  env_not_exact = getattr(probe, 'not_exact_because', None)  # config.env_not_exact
   if hasattr(probe, 'close'):
     probe.close()
   try:
@@ -287,6 +288,7 @@ def make_program_inputs(args: argparse.Namespace, logdir: str,
       reproducible=getattr(args, 'reproducible', False),
       reproducible_lag=getattr(args, 'reproducible_lag', 0),
       reproducible_threads=getattr(args, 'reproducible_threads', 2),
+      env_not_exact=env_not_exact,
       checkpoint_interval_s=args.checkpoint_interval_s or None,
       checkpoint_rounds=getattr(args, 'checkpoint_rounds', 50),
       standby_restarts=args.standby_restarts,

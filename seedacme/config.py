@@ -97,6 +97,11 @@ class ProgramConfig:
       run: Eigen's reductions split by it, so it is fixed rather than the machine's
       core count (`seedacme.runtime.machine_pins`, with the instruction-set caps).
       Another count is another run.
+    env_not_exact: why the run's envs do not repeat their episodes under a seed (an
+      env's `not_exact_because`, which the launchers read from the env they create to
+      learn its spec: Football's engine, DeepMind Lab unchecked); None: nothing known.
+      A reproducible run with it records its rounds and evaluator passes as not exact
+      from the start, naming it (the summary's `not_exact_because`).
     checkpoint_interval_s: save learner state this often to <logdir>/checkpoints and
       resume from there on restart (None: no checkpoints).
     checkpoint_rounds: a reproducible run checkpoints every this many rounds instead
@@ -180,6 +185,7 @@ class ProgramConfig:
   reproducible: bool = False
   reproducible_lag: int = 0
   reproducible_threads: int = 2
+  env_not_exact: str | None = None
   checkpoint_interval_s: float | None = 60.0
   checkpoint_rounds: int = 50
   export_policy: bool = True
@@ -255,6 +261,9 @@ class ProgramConfig:
         self.reproducible_threads, numbers.Integral) or self.reproducible_threads < 1:
       raise ValueError(f'reproducible_threads must be an int >= 1 (TF intra-op threads of '
                        f'a reproducible run), got {self.reproducible_threads!r}')
+    if self.env_not_exact is not None and not isinstance(self.env_not_exact, str):
+      raise ValueError(f'env_not_exact must be a str (why the envs are not exact) or None, '
+                       f'got {self.env_not_exact!r}')
     if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
         or self.seed < 0:
       raise ValueError(f'seed must be an int >= 0, got {self.seed!r}')

@@ -264,6 +264,10 @@ class CentralNode:
         self.server.on_eval_call = self._eval_call
       if self.resumed_round is not None:
         self._resume_evaluation(self.resumed_round)
+    if config.env_not_exact and self.rounds is not None:  # the envs', from the start
+      self.rounds.not_exact(f'the envs: {config.env_not_exact}', 0)
+      if self.evaluation is not None:
+        self.evaluation.not_exact(f'the envs: {config.env_not_exact}')
     self.loop: LearnerLoop | None = None
     self.stop_reason: StopReason | None = None  # set once, by `finish`
     self.summary: Dict[str, Any] | None = None

@@ -13,7 +13,8 @@ from seedacme.config import ProgramConfig
 from seedacme.envs.registry import AtariFactory
 from seedacme.launchers import local, program_flags
 from seedacme.run import identity
-from seedacme.types import EnvFactories, EnvSpec
+from seedacme.types import EnvFactories, EnvSpec, Mode
+from tests.unit.in_process import InProcessActor
 
 SPEC = EnvSpec((10, 5), 'float32', 3)
 
@@ -125,3 +126,51 @@ def test_the_lag_flag_reaches_the_schedule_and_names_another_run(tmp_path):
   assert 'reproducible_lag' not in exact
   with pytest.raises(identity.RunConfigMismatchError, match='reproducible_lag'):
     identity.compare(exact, _identity(reproducible=True, reproducible_lag=1))
+
+
+class _UnrepeatableCatch:
+  """Catch saying its episodes do not repeat under a seed (as Football's env does)."""
+  not_exact_because = 'this engine does not repeat its episodes'
+
+  def __init__(self, env):
+    self._env = env
+
+  def __getattr__(self, name):
+    return getattr(self._env, name)
+
+
+def test_the_launcher_reads_why_an_env_is_not_exact_from_the_env_it_creates(
+    tmp_path, monkeypatch):
+  argv = ['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--reproducible']
+  *_, config = _inputs(argv, tmp_path)
+  assert config.env_not_exact is None  # Catch repeats its episodes
+  real = envs.registry._FACTORIES['catch']  # pylint: disable=protected-access
+  monkeypatch.setitem(envs.registry._FACTORIES, 'catch',  # pylint: disable=protected-access
+                      lambda seed, **kw: _UnrepeatableCatch(real(seed, **kw)))
+  *_, config = _inputs(argv, tmp_path)
+  assert config.env_not_exact == _UnrepeatableCatch.not_exact_because
+
+
+@pytest.mark.timeout(180)
+def test_a_reproducible_run_of_envs_that_are_not_exact_says_so_from_round_0(make_central):
+  builder = vtrace.VTraceBuilder(vtrace.VTraceConfig(batch_size=16, unroll_length=5))
+  central, _, actors, _ = make_central(
+      builder, 'catch', reproducible=True, max_learner_steps=3, num_eval_envs=4,
+      eval_episodes=4, checkpoint_interval_s=None, export_policy=False,
+      env_not_exact='its engine does not repeat an episode')
+  actors.append(InProcessActor(central, envs.make_factory('catch'), 16, 4, actors[0].stop,
+                               Mode.EVAL))
+  for a in actors:
+    a.start()
+  central.run()
+  summary = central.summary
+  assert summary['exact_until_round'] == 0, summary
+  assert summary['not_exact_because'] == 'the envs: its engine does not repeat an episode'
+  assert summary['last_round'] >= 3  # the run itself went on as usual
+  assert summary['eval_exact_until_pass'] == 0, summary
+  assert summary['eval_not_exact_because'] == summary['not_exact_because']
+
+
+def test_env_not_exact_must_be_a_reason():
+  with pytest.raises(ValueError, match='env_not_exact must be a str'):
+    ProgramConfig(env_not_exact=True).validate()
