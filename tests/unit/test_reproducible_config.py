@@ -10,7 +10,7 @@ import pytest
 from seedacme import envs
 from seedacme.agents import vtrace
 from seedacme.config import ProgramConfig
-from seedacme.envs.registry import AtariFactory
+from seedacme.envs.registry import AtariFactory, register_env
 from seedacme.launchers import local, program_flags
 from seedacme.run import identity
 from seedacme.types import EnvFactories, EnvSpec, Mode
@@ -139,15 +139,16 @@ class _UnrepeatableCatch:
     return getattr(self._env, name)
 
 
-def test_the_launcher_reads_why_an_env_is_not_exact_from_the_env_it_creates(
-    tmp_path, monkeypatch):
+def test_the_launcher_reads_why_an_env_is_not_exact_from_the_env_it_creates(tmp_path):
   argv = ['catch', 'vtrace', '2', '8', '--agent_config', 'batch_size=16', '--reproducible']
   *_, config = _inputs(argv, tmp_path)
   assert config.env_not_exact is None  # Catch repeats its episodes
-  real = envs.registry._FACTORIES['catch']  # pylint: disable=protected-access
-  monkeypatch.setitem(envs.registry._FACTORIES, 'catch',  # pylint: disable=protected-access
-                      lambda seed, **kw: _UnrepeatableCatch(real(seed, **kw)))
-  *_, config = _inputs(argv, tmp_path)
+  real = envs.make_factory('catch').func  # the registered function
+  register_env('catch', lambda seed, **kw: _UnrepeatableCatch(real(seed, **kw)))
+  try:
+    *_, config = _inputs(argv, tmp_path)
+  finally:
+    register_env('catch', real)
   assert config.env_not_exact == _UnrepeatableCatch.not_exact_because
 
 
