@@ -93,7 +93,11 @@ _HOPPER_ANCHORS = (Anchor('CleanRL', '2,383 ± 272', _ISSUE36),
                    Anchor('rl-baselines3-zoo', '2,410', _ZOO))
 _HALFCHEETAH_ANCHORS = (Anchor('CleanRL', '1,443 ± 46', _ISSUE36),
                         Anchor('rl-baselines3-zoo', '5,819', _ZOO))
+_WALKER2D_ANCHORS = (Anchor('CleanRL', '2,288 ± 572', 'issue 51'),
+                     Anchor('rl-baselines3-zoo', '3,479', 'issue 51'))
 _XEON = 'ran on an Intel Xeon, 2 cores, one run at a time'
+_EXACT = ('each seed exact: the same command and seed give its figure on an x86-64 CPU '
+          'with AVX2 (seed 0 run again: the same records and weights); ')
 
 # Which published result feeds which row: the current one for each agent and task.
 ROWS: Tuple[Row, ...] = (
@@ -133,17 +137,22 @@ ROWS: Tuple[Row, ...] = (
         note='its own registry entry, initial std 0.5 and 4 epochs: with the shared std 1 '
              'the early noise turns it over and it learns to run on its back (~1,700); '
              + _XEON),
+    Row('ppo', 'HalfCheetah-v5, `--reproducible`', 'final_return',
+        ('mujoco_ppo_halfcheetah_reproducible.json',), select=(('task', 'HalfCheetah-v5'),),
+        anchors=_HALFCHEETAH_ANCHORS,
+        note='its own registry entry as above; ' + _EXACT + _XEON),
     Row('ppo', 'Hopper-v5', 'final_return', ('mujoco_ppo_hopper_lr4e4.json',),
         select=(('task', 'Hopper-v5'),), anchors=_HOPPER_ANCHORS, note=_XEON),
     Row('ppo', 'Hopper-v5, `--reproducible`', 'final_return',
         ('mujoco_ppo_hopper_reproducible.json',), select=(('task', 'Hopper-v5'),),
         anchors=_HOPPER_ANCHORS,
-        note='each seed exact: the same command and seed give its figure on an x86-64 '
-             'CPU with AVX2 (seed 0 run again: the same records and weights); ' + _XEON),
+        note=_EXACT + _XEON),
     Row('ppo', 'Walker2d-v5', 'final_return', ('mujoco_ppo_walker2d_lr4e4.json',),
         select=(('task', 'Walker2d-v5'),),
-        anchors=(Anchor('CleanRL', '2,288 ± 572', 'issue 51'),
-                 Anchor('rl-baselines3-zoo', '3,479', 'issue 51')), note=_XEON),
+        anchors=_WALKER2D_ANCHORS, note=_XEON),
+    Row('ppo', 'Walker2d-v5, `--reproducible`', 'final_return',
+        ('mujoco_ppo_walker2d_reproducible.json',), select=(('task', 'Walker2d-v5'),),
+        anchors=_WALKER2D_ANCHORS, note=_EXACT + _XEON),
     Row('ppo', 'Ant-v5', 'final_return', ('mujoco_ppo_ant_lr4e4.json',),
         select=(('task', 'Ant-v5'),),
         anchors=(Anchor('rl-baselines3-zoo', '1,327', 'issue 51'),),

@@ -110,7 +110,7 @@ def test_every_cited_published_run_is_parsed():
              if text.startswith('scripts/run_local') and 'bench/published/' in text]
   assert sorted(r['line'] for r in ROWS) == cited
   assert {r['path'] for r in ROWS} >= {
-      'bench/published/mujoco_ppo_walker2d_lr4e4.json',
+      'bench/published/mujoco_ppo_walker2d_reproducible.json',
       'bench/published/mujoco_learning_sac.json', 'bench/published/pong_learning_ppo_e3_s2.json',
       'bench/published/pong_learning_r2d2_b8.json'}
 
@@ -124,6 +124,21 @@ def test_readme_command_runs_what_the_cited_run_ran(row):
   diffs = check_row(row)
   assert not diffs, (f'README line {row["line"]} does not run what {row["path"]} ran:\n  '
                      + '\n  '.join(diffs))
+
+
+SEEDED_ROWS = [r for r in ROWS if '--seed' in r['args']]
+
+
+@pytest.mark.parametrize('row', SEEDED_ROWS, ids=lambda r: f'line{r["line"]}:{r["path"][16:]}')
+def test_a_line_naming_a_seed_cites_a_run_of_that_seed(row):
+  """A line's `--seed N` is a seed the cited file ran (a comment's "seed 2" with another
+  seed in the command would not be that run)."""
+  seed = local.parse_args(row['args']).seed
+  with open(os.path.join(REPO, row['path'])) as f:
+    data = json.load(f)
+  seeds = [local.parse_args(run_local_args(r['command'])).seed
+           for r in data.get('runs', [data]) if task(run_local_args(r['command'])) == task(row['args'])]
+  assert seed in seeds, f'README line {row["line"]}: --seed {seed}; {row["path"]} ran {seeds}'
 
 
 REPRODUCIBLE_ROWS = [r for r in ROWS if '--reproducible' in r['args']]
