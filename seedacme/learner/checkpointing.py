@@ -221,9 +221,13 @@ class Checkpointer:
     self.saves += 1
     return path
 
+  def due(self) -> bool:
+    """Whether `interval_s` has passed since the last save."""
+    return time.monotonic() - self._last_save >= self._interval_s
+
   def maybe_save(self, counters: Dict[str, int]) -> str | None:
     """Saves if `interval_s` has passed since the last save."""
-    if time.monotonic() - self._last_save < self._interval_s:
+    if not self.due():
       return None
     return self.save(counters)
 

@@ -12,12 +12,21 @@ then current): a round's first inference call waits there for the steps it acts 
 And before every step it asks `may_step` (the round gate's `learner_may_step`): a step
 on round q's data waits until round q + lag has started, so the learner never changes
 weights a round has yet to act with.
+
+A step and its count are taken under `state_lock`, and a clock checkpoint is written
+between steps (`between_steps`): a save on the node's main thread while the learner
+thread applied an update could hold part of that step under the counters of the step
+before, or walk the optimizer while its first update creates Adam's slots (a KeyError
+seen once on such a save). A step holds the lock for at most its data wait (the
+sampler's timeout) and its update; a save waits for that, never longer than it is told.
 """
+
+import contextlib
 
 import math
 import threading
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Iterator
 
 from absl import logging
 
@@ -52,6 +61,7 @@ class LearnerLoop:
     self.metrics: Dict[str, float] = {}
     self.error: BaseException | None = None
     self.done = threading.Event()
+    self.state_lock = threading.Lock()  # held by a step and its count (`between_steps`)
     self._thread = threading.Thread(target=self._run, name='learner', daemon=True)
 
   def start(self) -> None:
@@ -66,14 +76,16 @@ class LearnerLoop:
       while not self._stop.is_set() and not self._should_stop(self.steps):
         if self._may_step is not None and not self._may_step(self.steps, self.WAIT_S):
           continue
-        metrics = self.learner.step()
+        with self.state_lock:
+          metrics = self.learner.step()
+          if metrics is not None:
+            bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+            if bad:
+              raise DivergedError(f'non-finite learner metrics at step {self.steps + 1}: '
+                                  + ', '.join(f'{k}={metrics[k]}' for k in bad))
+            self.steps += self.learner.steps_per_call
+            self.metrics = metrics
         if metrics is not None:
-          bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
-          if bad:
-            raise DivergedError(f'non-finite learner metrics at step {self.steps + 1}: '
-                                + ', '.join(f'{k}={metrics[k]}' for k in bad))
-          self.steps += self.learner.steps_per_call
-          self.metrics = metrics
           if self._after_step is not None:
             self._after_step()
           if self._clock is not None:
@@ -85,6 +97,18 @@ class LearnerLoop:
       self.error = e
     finally:
       self.done.set()
+
+  @contextlib.contextmanager
+  def between_steps(self, timeout_s: float) -> Iterator[bool]:
+    """Holds the learner between two steps (its variables and `steps` agree) for the
+    block; yields whether it got there within `timeout_s` (False: the block runs
+    without it, and should not save)."""
+    held = self.state_lock.acquire(timeout=timeout_s)
+    try:
+      yield held
+    finally:
+      if held:
+        self.state_lock.release()
 
   def join(self, timeout_s: float) -> bool:
     """Waits for the thread to end; True when it did (or never started)."""

@@ -98,6 +98,9 @@ PROGRAM_STOP_WAIT_S = 60.0
 # How long `finish` waits for the learner's step in flight; the central supervisor's
 # grace (`central_process.CENTRAL_STOP_TIMEOUT_S`) leaves room for it and the save.
 LEARNER_JOIN_S = 4.0
+# A clock checkpoint waits this long for the learner to be between two steps (a step
+# holds it for its data wait and its update); longer, and the next tick tries again.
+CLOCK_SAVE_WAIT_S = 10.0
 # How long a reproducible run's end waits for the evaluator to play the passes that
 # start by its last round (`EvalPasses.wait_finished`; the summary says if it did).
 EVAL_FINISH_S = 120.0
@@ -603,8 +606,13 @@ class CentralNode:
           reason = self.monitor.report(loop.steps, loop.metrics)
           # A reproducible run checkpoints at rounds only (`_on_round`).
           if reason is None and self._checkpointer is not None and \
-              self._round_checkpoints is None:
-            self._checkpointer.maybe_save(self._counters())
+              self._round_checkpoints is None and self._checkpointer.due():
+            with loop.between_steps(CLOCK_SAVE_WAIT_S) as held:
+              if held:
+                self._checkpointer.save(self._counters())
+              else:
+                logging.info('Checkpoint deferred: the learner has been in one step '
+                             'for over %.0fs', CLOCK_SAVE_WAIT_S)
         if reason is None and self.server is not None and self.server.policy_error:
           reason = StopReason(StopKind.DIVERGED, detail=self.server.policy_error)
         if reason is None and self.server is not None:
