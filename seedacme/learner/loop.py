@@ -18,7 +18,8 @@ between steps (`between_steps`): a save on the node's main thread while the lear
 thread applied an update could hold part of that step under the counters of the step
 before, or walk the optimizer while its first update creates Adam's slots (a KeyError
 seen once on such a save). A step holds the lock for at most its data wait (the
-sampler's timeout) and its update; a save waits for that, never longer than it is told.
+sampler's timeout) and its update (the warm-up's tracing too); a save waits for that,
+never longer than it is told, and the loop takes no step while a save waits.
 """
 
 import contextlib
@@ -62,6 +63,9 @@ class LearnerLoop:
     self.error: BaseException | None = None
     self.done = threading.Event()
     self.state_lock = threading.Lock()  # held by a step and its count (`between_steps`)
+    # Set while `between_steps` waits or holds: the loop does not take the lock again
+    # meanwhile (a thread releasing a Lock and taking it back at once can starve a waiter).
+    self._wanted = threading.Event()
     self._thread = threading.Thread(target=self._run, name='learner', daemon=True)
 
   def start(self) -> None:
@@ -70,12 +74,15 @@ class LearnerLoop:
   def _run(self) -> None:
     try:
       started = time.monotonic()
-      self.learner.warm_up()  # while actors start and the replay fills
+      with self.state_lock:  # tracing the step may create the optimizer's slots
+        self.learner.warm_up()  # while actors start and the replay fills
       logging.info('Learner step traced in %.1fs', time.monotonic() - started)
       startup.mark('learner', 'learner_traced')
       while not self._stop.is_set() and not self._should_stop(self.steps):
         if self._may_step is not None and not self._may_step(self.steps, self.WAIT_S):
           continue
+        while self._wanted.is_set() and not self._stop.is_set():
+          time.sleep(0.001)
         with self.state_lock:
           metrics = self.learner.step()
           if metrics is not None:
@@ -103,12 +110,16 @@ class LearnerLoop:
     """Holds the learner between two steps (its variables and `steps` agree) for the
     block; yields whether it got there within `timeout_s` (False: the block runs
     without it, and should not save)."""
-    held = self.state_lock.acquire(timeout=timeout_s)
+    self._wanted.set()
     try:
-      yield held
+      held = self.state_lock.acquire(timeout=timeout_s)
+      try:
+        yield held
+      finally:
+        if held:
+          self.state_lock.release()
     finally:
-      if held:
-        self.state_lock.release()
+      self._wanted.clear()
 
   def join(self, timeout_s: float) -> bool:
     """Waits for the thread to end; True when it did (or never started)."""

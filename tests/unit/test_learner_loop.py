@@ -40,15 +40,19 @@ def test_between_steps_sees_whole_steps_and_their_count():
   stop = threading.Event()
   loop = LearnerLoop(learner, stop, should_stop=lambda steps: steps >= 150)
   loop.start()
-  seen = []
+  seen, waits = [], []
   while not loop.done.is_set():
+    started = time.monotonic()
     with loop.between_steps(5.0) as held:
+      waits.append(time.monotonic() - started)
       assert held
       seen.append((int(learner.a.numpy()), int(learner.b.numpy()), loop.steps))
     time.sleep(0.001)
   assert loop.join(10) and loop.error is None
   torn = [s for s in seen if not s[0] == s[1] == s[2]]
   assert len(seen) > 20 and not torn, torn[:5]
+  # A waiting save gets in after the step in flight (~10 ms), not after many steps.
+  assert max(waits) < 1.0, max(waits)
   # Without the lock the same reads fall mid-step: the check above can fail.
   learner, stop = _TwoPartLearner(), threading.Event()
   loop = LearnerLoop(learner, stop, should_stop=lambda steps: steps >= 100)
