@@ -25,7 +25,7 @@ from tests.integration.launch import Run
 pytestmark = pytest.mark.integration
 
 # What each command gave, recorded on an Intel Xeon with AVX-512 and AMX, pinned to AVX2
-# (2026-12-03, commit b90e612: `scripts/run_local <env> <agent> 2 8 <the rest>
+# (2026-12-03, commit 01bcd92: `scripts/run_local <env> <agent> 2 8 <the rest>
 # --logdir D`, then `sha256sum D/rounds.jsonl D/evals.jsonl` and the summary's
 # weights_sha256 and average_return).
 RECORDED_CPU = 'Intel(R) Xeon(R) Processor'
