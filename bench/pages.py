@@ -158,6 +158,11 @@ ROWS: Tuple[Row, ...] = (
         anchors=(Anchor('rl-baselines3-zoo', '1,327', 'issue 51'),),
         note='without the contact forces in the observation (the default; with them, '
              'seed 0 reached 415); ' + _XEON),
+    Row('ppo', 'Ant-v5, `--reproducible`', 'final_return',
+        ('mujoco_ppo_ant_reproducible.json',), select=(('task', 'Ant-v5'),),
+        anchors=(Anchor('rl-baselines3-zoo', '1,327', 'issue 51'),),
+        note='without the contact forces, as above; ' + _EXACT.replace(
+            ' (seed 0 run again: the same records and weights)', '') + _XEON),
     Row('ppo', 'Pong (Atari)', 'steps_to',
         ('pong_learning_ppo_e3_s0.json', 'pong_learning_ppo_e3_s1.json',
          'pong_learning_ppo_e3_s2.json'), milestone='+18',
