@@ -225,12 +225,6 @@ class Checkpointer:
     """Whether `interval_s` has passed since the last save."""
     return time.monotonic() - self._last_save >= self._interval_s
 
-  def maybe_save(self, counters: Dict[str, int]) -> str | None:
-    """Saves if `interval_s` has passed since the last save."""
-    if not self.due():
-      return None
-    return self.save(counters)
-
 
 def saved_learner_steps(path: str) -> int:
   """The learner steps a checkpoint holds, read without restoring it."""

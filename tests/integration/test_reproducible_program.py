@@ -111,12 +111,14 @@ def test_reproducible_hopper_ppo_to_50k_is_the_same_run_on_2x8_and_4x4_side_by_s
   for run in runs:
     run.complete(360)
   summaries = [run.json('summary.json') for run in runs]
+  texts = {}
   for name in ('rounds.jsonl', 'evals.jsonl'):
-    texts = []
+    pair = []
     for run in runs:
       with open(f'{run.logdir}/{name}') as f:
-        texts.append(f.read())
-    assert texts[0] == texts[1] and texts[0], name
+        pair.append(f.read())
+    assert pair[0] == pair[1] and pair[0], name
+    texts[name] = pair[0]
   assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
   for summary in summaries:
     assert summary['stop']['kind'] == 'env_steps', summary['stopped_because']
@@ -126,8 +128,7 @@ def test_reproducible_hopper_ppo_to_50k_is_the_same_run_on_2x8_and_4x4_side_by_s
   for key in ('average_return', 'episodes', 'eval_average_return', 'eval_last_pass'):
     assert summaries[0].get(key) == summaries[1].get(key), key
   # It learns: the first round's training average against the last.
-  with open(f'{runs[0].logdir}/rounds.jsonl') as f:
-    records = [json.loads(line) for line in f]
+  records = [json.loads(line) for line in texts['rounds.jsonl'].splitlines()]
   assert records[1]['average_return'] < 50 < 250 < records[-1]['average_return'], (
       records[1]['average_return'], records[-1]['average_return'])
   check_recorded('hopper', runs[0].logdir, summaries[0])

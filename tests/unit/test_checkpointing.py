@@ -63,11 +63,12 @@ def test_fresh_directory_restores_nothing(tmp_path):
   assert Checkpointer(str(tmp_path / 'none'), learner.checkpoint_state()).restore() is None
 
 
-def test_maybe_save_respects_interval(tmp_path):
+def test_a_save_is_due_only_after_its_interval(tmp_path):
   _, learner = _vtrace_learner('feedforward')
   ckpt = Checkpointer(str(tmp_path), learner.checkpoint_state(), interval_s=3600)
-  assert ckpt.maybe_save({'learner_steps': 1}) is None
+  assert not ckpt.due()
   assert ckpt.save({'learner_steps': 1}) and ckpt.saves == 1
+  assert Checkpointer(str(tmp_path / 'b'), learner.checkpoint_state(), interval_s=0).due()
 
 
 @pytest.mark.parametrize('agent', ['vtrace_feedforward', 'vtrace_lstm', 'r2d2'])

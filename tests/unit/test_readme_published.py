@@ -136,8 +136,8 @@ def test_a_line_naming_a_seed_cites_a_run_of_that_seed(row):
   seed = local.parse_args(row['args']).seed
   with open(os.path.join(REPO, row['path'])) as f:
     data = json.load(f)
-  seeds = [local.parse_args(run_local_args(r['command'])).seed
-           for r in data.get('runs', [data]) if task(run_local_args(r['command'])) == task(row['args'])]
+  theirs = [run_local_args(r['command']) for r in data.get('runs', [data])]
+  seeds = [local.parse_args(argv).seed for argv in theirs if task(argv) == task(row['args'])]
   assert seed in seeds, f'README line {row["line"]}: --seed {seed}; {row["path"]} ran {seeds}'
 
 
